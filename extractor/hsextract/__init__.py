@@ -1,0 +1,26 @@
+"""hsextract: extract a target model's hidden states for EAGLE-3 drafter training."""
+
+__version__ = "0.1.0"
+
+from .errors import (  # noqa: E402
+    BadSampleError,
+    ConfigError,
+    DatasetError,
+    DiskSpaceError,
+    DumpError,
+    HsextractError,
+    OutputError,
+    ServerError,
+)
+
+__all__ = [
+    "BadSampleError",
+    "ConfigError",
+    "DatasetError",
+    "DiskSpaceError",
+    "DumpError",
+    "HsextractError",
+    "OutputError",
+    "ServerError",
+    "__version__",
+]

@@ -1,0 +1,63 @@
+"""Checks every dump passes before it is packed: tokens, shapes, dtype, layers, finiteness."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .dumps import Dump
+from .errors import DumpError
+
+
+@dataclass(frozen=True)
+class DumpExpectation:
+    aux_layer_ids: list[int]
+    capture_indices: list[int]
+    hidden_size: int
+    dtype: str | None  # None: accept the first dump's dtype (then pinned by the pipeline)
+    need_final_prenorm: bool
+
+
+class LayerMismatchError(DumpError):
+    """The server captures other layers than configured: every further dump would be wrong too."""
+
+
+def check_dump(dump: Dump, sent_ids: list[int], expect: DumpExpectation) -> None:
+    tokens = len(sent_ids)
+    meta_layers = dump.meta.get("layer_ids")
+    meta_capture = dump.meta.get("capture_indices")
+    if meta_layers != expect.aux_layer_ids or meta_capture != expect.capture_indices:
+        raise LayerMismatchError(
+            "layer_mismatch",
+            f"dump {dump.rid} was captured at layer_ids {meta_layers} (capture indices {meta_capture}) but the run "
+            f"expects layer_ids {expect.aux_layer_ids} (capture indices {expect.capture_indices}); restart the server "
+            "with the configured layers or fix layer_ids",
+        )
+    if dump.input_ids.shape != (tokens,) or not torch.equal(dump.input_ids, torch.tensor(sent_ids, dtype=torch.int64)):
+        raise DumpError(
+            "token_mismatch",
+            f"dump {dump.rid} holds {dump.input_ids.shape[0]} token ids that differ from the {tokens} sent "
+            "(a cached prefix, a stale dump, or rows of another request)",
+        )
+    num_aux = len(expect.aux_layer_ids)
+    want_aux = (tokens, num_aux, expect.hidden_size)
+    if tuple(dump.aux_hidden_states.shape) != want_aux:
+        raise DumpError("shape_mismatch", f"dump {dump.rid} aux_hidden_states is {tuple(dump.aux_hidden_states.shape)}, expected {want_aux}")
+    if tuple(dump.final_hidden_state.shape) != (tokens, expect.hidden_size):
+        raise DumpError(
+            "shape_mismatch",
+            f"dump {dump.rid} final_hidden_state is {tuple(dump.final_hidden_state.shape)}, expected {(tokens, expect.hidden_size)}",
+        )
+    tensors = [dump.aux_hidden_states, dump.final_hidden_state]
+    if expect.need_final_prenorm:
+        prenorm = dump.final_prenorm_hidden_state
+        if prenorm is None or tuple(prenorm.shape) != (tokens, expect.hidden_size):
+            raise DumpError("missing_final_prenorm", f"dump {dump.rid} has no [T, H] final_prenorm_hidden_state, which the output format needs")
+        tensors.append(prenorm)
+    for tensor in tensors:
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        if expect.dtype is not None and dtype != expect.dtype:
+            raise DumpError("dtype_mismatch", f"dump {dump.rid} holds {dtype} tensors, expected {expect.dtype}")
+        if not bool(torch.isfinite(tensor).all()):
+            raise DumpError("non_finite", f"dump {dump.rid} holds NaN or infinite values")

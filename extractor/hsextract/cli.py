@@ -1,0 +1,179 @@
+"""``hsextract``: the command line. Prints ``ErrorType: message`` and exits non-zero on errors.
+
+Exit codes: 0 success (every row written or recorded as bad input); 1 a fatal stop;
+2 a bad configuration or usage; 3 the run finished but some rows failed (rerun to retry them);
+130 interrupted (rerun to resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .config import ExtractConfig, ServeConfig, add_config_arguments, load_config
+from .errors import ConfigError, HsextractError
+
+log = logging.getLogger("hsextract")
+
+EXIT_FATAL, EXIT_CONFIG, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 1, 2, 3, 130
+
+
+def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
+    from .tiny_model import make_tiny_model
+
+    path = make_tiny_model(args.dir, args.arch, args.layers, args.hidden, args.vocab_size, args.seed, args.dtype)
+    print(f"model written to {path}")
+    return 0
+
+
+def _cmd_make_sample_data(args: argparse.Namespace) -> int:
+    from .sample_data import make_sample_data
+
+    path = make_sample_data(args.file, args.num, args.vocab_size, args.seed)
+    print(f"{args.num} rows written to {path}")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from .server import EmbeddedServer, Engine
+
+    config: ServeConfig = load_config(ServeConfig, args)
+    engine = Engine(
+        config.model,
+        config.dump_dir,
+        device=config.device,
+        dtype=config.dtype,
+        layer_ids=config.layer_ids,
+        chunked_prefill_size=config.chunked_prefill_size,
+        max_batch_tokens=config.max_batch_tokens,
+        rid_prefix=config.rid_prefix,
+        dump_queue_size=config.dump_queue_size,
+    )
+    try:
+        server = EmbeddedServer(engine, config.host, config.port)
+    except OSError as exc:
+        engine.shutdown()
+        raise ConfigError(
+            f"cannot listen on {config.host}:{config.port}: {exc.strerror}; free the port (fuser -k {config.port}/tcp) "
+            "or choose --port"
+        ) from None
+    info = engine.info()
+    log.info(
+        "serving %s (%s, %d layers, hidden %d, %s) on http://%s:%d, aux layer_ids %s, dumps to %s",
+        config.model, info["architecture"], info["num_hidden_layers"], info["hidden_size"], info["dtype"],
+        config.host, server.port, info["layer_ids"], config.dump_dir,
+    )
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        log.info("stopping: finishing the dumps in the queue")
+    finally:
+        server.shutdown()
+    return 0
+
+
+def _cmd_extract(args: argparse.Namespace) -> int:
+    from .pipeline import Extraction
+
+    config: ExtractConfig = load_config(ExtractConfig, args)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    summary = Extraction(config).run()
+    print(
+        f"\n{summary.status.upper()}: {summary.output}\n"
+        f"  rows in shard {summary.rows_in_shard}: written now {summary.written_now}, already done {summary.resumed}, "
+        f"bad input {summary.bad_input}, failed {summary.failed}\n"
+        f"  output holds {summary.total_samples} samples, {summary.total_tokens} tokens "
+        f"({summary.truncated} truncated to max_seq_len {config.max_seq_len})\n"
+        f"  took {summary.seconds:.1f} s; details in {summary.output}/data_config.json and errors.jsonl"
+    )
+    if summary.status == "stopped":
+        print(f"error: {summary.fatal_error}", file=sys.stderr)
+        return EXIT_FATAL
+    if summary.status == "interrupted":
+        return EXIT_INTERRUPTED
+    if summary.status == "incomplete":
+        print("some rows failed (see errors.jsonl, kind 'failed'); rerun the same command to retry them", file=sys.stderr)
+        return EXIT_INCOMPLETE
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from .output_check import verify_output
+
+    report = verify_output(args.output)
+    print(report.summary())
+    return 0 if report.ok else EXIT_FATAL
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hsextract",
+        description="Extract a target model's hidden states for EAGLE-3 drafter training, verified and resumable.",
+        epilog="Exit codes: 0 ok, 1 fatal stop, 2 bad configuration, 3 some rows failed (rerun), 130 interrupted.",
+    )
+    parser.add_argument("--version", action="version", version=f"hsextract {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    tiny = sub.add_parser("make-tiny-model", help="write a small random-weight model transformers loads")
+    tiny.add_argument("dir", type=Path, help="output directory (save_pretrained layout)")
+    tiny.add_argument("--arch", choices=["deepseek_v3", "llama", "qwen2"], default="deepseek_v3", help="architecture (default: deepseek_v3, as Kimi-K2.5)")
+    tiny.add_argument("--layers", type=int, default=8, help="decoder layers, at least 6 (default: 8)")
+    tiny.add_argument("--hidden", type=int, default=128, help="hidden size, a multiple of 32 (default: 128)")
+    tiny.add_argument("--vocab-size", type=int, default=4096, help="vocabulary size (default: 4096)")
+    tiny.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
+    tiny.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16", help="weight dtype (default: bfloat16)")
+    tiny.set_defaults(func=_cmd_make_tiny_model)
+
+    data = sub.add_parser("make-sample-data", help="write a sample tokenized JSONL dataset")
+    data.add_argument("file", type=Path, help="output .jsonl file")
+    data.add_argument("--num", type=int, default=64, help="rows (default: 64)")
+    data.add_argument("--vocab-size", type=int, default=4096, help="ids are drawn below this (default: 4096)")
+    data.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    data.set_defaults(func=_cmd_make_sample_data)
+
+    serve = sub.add_parser("serve", help="run the embedded transformers server (SGLang's HTTP subset)")
+    add_config_arguments(serve, ServeConfig)
+    serve.set_defaults(func=_cmd_serve)
+
+    extract = sub.add_parser("extract", help="extract hidden states from a running server into an output directory")
+    add_config_arguments(extract, ExtractConfig)
+    extract.set_defaults(func=_cmd_extract)
+
+    verify = sub.add_parser("verify", help="re-read an output directory and check every sample and total")
+    verify.add_argument("output", type=Path, help="output directory of hsextract extract")
+    verify.set_defaults(func=_cmd_verify)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("httpx", "httpcore", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    func: Any = args.func
+    try:
+        return int(func(args))
+    except ConfigError as exc:
+        print(f"ConfigError: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except HsextractError as exc:
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FATAL
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""Typed configuration: the single source of every ``extract`` and ``serve`` option.
+
+Each field is a CLI flag (``--max-seq-len``) and a key of the YAML file given with ``--config``
+(``max_seq_len``); the flag wins over the file. Unknown keys are refused, so a typo in the file
+rendered by Ansible stops the run before any work starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+from .rids import check_prefix
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ExtractConfig(_Strict):
+    """Options of ``hsextract extract``."""
+
+    server: str = Field("http://127.0.0.1:30000", description="base URL of the SGLang or embedded server")
+    dataset: Path = Field(description="tokenized dataset: .jsonl, .parquet, or a datasets.save_to_disk directory")
+    output: Path = Field(description="output directory (created; a rerun resumes into it)")
+    dump_dir: Path | None = Field(
+        None, description="where the server writes dumps (default: the one the server reports in /server_info)"
+    )
+    format: Literal["specforge", "speculators"] = Field("specforge", description="output layout")
+    layer_ids: list[int] | None = Field(
+        None, description="aux layer ids, 0-based outputs (default: the server's, else [2, N//2, N-3])"
+    )
+    max_seq_len: int = Field(4096, gt=0, description="longer prompts are truncated to this many tokens and counted")
+    concurrency: int = Field(8, gt=0, le=1024, description="requests in flight at once")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="serve Prometheus metrics on this port (0 or unset: off)"
+    )
+    metrics_host: str = Field("0.0.0.0", description="address the metrics endpoint binds to")
+    shard_index: int = Field(0, ge=0, description="this node's slice: rows with row %% num_shards == shard_index")
+    num_shards: int = Field(1, gt=0, description="number of slices the dataset is split into")
+    vocab_size: int | None = Field(None, gt=0, description="override the vocabulary size used to reject bad ids")
+    rid_prefix: str = Field("hsx", description="prefix of the request ids the server dumps")
+    shm_high_water: float = Field(
+        0.85, gt=0, le=1, description="stop submitting while the dump filesystem is fuller than this fraction"
+    )
+    request_timeout_s: float = Field(600.0, gt=0, description="HTTP timeout of one /generate request")
+    dump_timeout_s: float = Field(300.0, gt=0, description="how long to wait for a dump after its request returned")
+    health_timeout_s: float = Field(120.0, ge=0, description="how long to wait for the server's HTTP 200 at start")
+    max_attempts: int = Field(3, gt=0, description="tries per sample before it is recorded as failed")
+    max_consecutive_failures: int = Field(
+        8, gt=0, description="stop the run after this many samples in a row failed after all their tries"
+    )
+    disk_headroom: float = Field(1.05, ge=1.0, description="required free disk = estimated output bytes x this")
+    expect_model: str | None = Field(
+        None, description="refuse to run unless the server's model path ends with this string"
+    )
+    log_interval_s: float = Field(30.0, gt=0, description="seconds between progress log lines when not on a terminal")
+
+    @field_validator("rid_prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        return check_prefix(value)
+
+    @field_validator("server")
+    @classmethod
+    def _server(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"server {value!r} must start with http:// or https://")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _shards(self) -> ExtractConfig:
+        if self.shard_index >= self.num_shards:
+            raise ValueError(f"shard_index {self.shard_index} must be below num_shards {self.num_shards}")
+        return self
+
+
+class ServeConfig(_Strict):
+    """Options of ``hsextract serve`` (the embedded transformers server)."""
+
+    model: Path = Field(description="a transformers save_pretrained directory")
+    dump_dir: Path = Field(description="dump root (put it on tmpfs, e.g. /dev/shm/hsextract)")
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(30000, ge=1, le=65535, description="port to listen on")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="where the model runs")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="model dtype (auto: the model's)")
+    layer_ids: list[int] | None = Field(None, description="aux layer ids, 0-based outputs (default [2, N//2, N-3])")
+    chunked_prefill_size: int = Field(
+        2048, description="prompts longer than this are prefilled in chunks on the KV cache (-1: never)"
+    )
+    max_batch_tokens: int = Field(8192, gt=0, description="token budget of one batched forward (padded)")
+    rid_prefix: str = Field("hsx", description="only rids <prefix>-<row>-n<tokens> are dumped")
+    dump_queue_size: int = Field(8, gt=0, description="extend batches waiting for the dump writer before forwards block")
+
+    @field_validator("rid_prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        return check_prefix(value)
+
+    @field_validator("chunked_prefill_size")
+    @classmethod
+    def _chunk(cls, value: int) -> int:
+        if value != -1 and value < 16:
+            raise ValueError(f"chunked_prefill_size {value} must be -1 (off) or at least 16")
+        return value
+
+
+def _flag_type(annotation: Any) -> tuple[dict[str, Any], str]:
+    """argparse keyword arguments for a field's annotation."""
+    origin = typing.get_origin(annotation)
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if origin in (typing.Union, types.UnionType) and len(args) == 1:
+        return _flag_type(args[0])
+    if origin is Literal:
+        return {"choices": list(args)}, ""
+    if origin is list:
+        return {"type": _int_list}, "N,N,..."
+    if annotation is bool:
+        return {"action": argparse.BooleanOptionalAction}, ""
+    if annotation in (int, float):
+        return {"type": annotation}, ""
+    return {"type": str}, ""
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, model: type[BaseModel], positional: tuple[str, ...] = ()) -> None:
+    """One flag per field (positional for ``positional``), defaults left to the model."""
+    parser.add_argument("--config", type=Path, help="YAML file with any of these options (flags override it)")
+    for name, field in model.model_fields.items():
+        kwargs, metavar = _flag_type(field.annotation)
+        default = "" if field.is_required() else f" (default: {field.default})"
+        help_text = (field.description or "") + default
+        if name in positional:
+            parser.add_argument(name, nargs="?", default=argparse.SUPPRESS, help=help_text, **kwargs)
+            continue
+        if metavar:
+            kwargs["metavar"] = metavar
+        parser.add_argument(
+            "--" + name.replace("_", "-"), dest=name, default=argparse.SUPPRESS, help=help_text, **kwargs
+        )
+
+
+def load_config(model: type[_Strict], args: argparse.Namespace) -> Any:
+    """Merge the YAML file (if any) with the flags given, and validate."""
+    data: dict[str, Any] = {}
+    config_path: Path | None = getattr(args, "config", None)
+    if config_path is not None:
+        try:
+            loaded = yaml.safe_load(Path(config_path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {config_path} does not exist; fix --config") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {config_path} is not valid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {config_path} must hold a mapping of option: value")
+        data.update(loaded or {})
+    for name in model.model_fields:
+        if name in vars(args):
+            data[name] = vars(args)[name]
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            where = ".".join(str(p) for p in error["loc"]) or "config"
+            flag = "--" + where.replace("_", "-")
+            if error["type"] == "missing":
+                problems.append(f"{where} ({flag}) is required; set it")
+            else:
+                problems.append(f"{where} ({flag}): {error['msg']} (got {error.get('input')!r})")
+        source = f" in {config_path} or on the command line" if config_path else ""
+        raise ConfigError("invalid configuration" + source + ": " + "; ".join(problems)) from None

@@ -1,0 +1,96 @@
+"""``<out>/data_config.json``: what the output holds and how it was made (DESIGN section 6)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import __version__
+from .layers import capture_indices, recorded_layer_ids
+
+if TYPE_CHECKING:
+    from .client import ServerIdentity
+    from .config import ExtractConfig
+    from .formats import OutputFormat
+    from .manifest import Manifest
+
+DATA_CONFIG_FILE = "data_config.json"
+DATA_FORMAT_VERSION = 1
+#: fields that legitimately differ between two runs producing the same data
+VOLATILE_FIELDS = ("created_at", "updated_at", "created_unix", "extractor_version")
+
+
+def read_data_config(output: Path) -> dict[str, Any] | None:
+    path = Path(output) / DATA_CONFIG_FILE
+    if not path.exists():
+        return None
+    loaded = json.loads(path.read_text())
+    return loaded if isinstance(loaded, dict) else None
+
+
+def write_data_config(output: Path, data: dict[str, Any]) -> None:
+    path = Path(output) / DATA_CONFIG_FILE
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def build_data_config(
+    config: ExtractConfig,
+    identity: ServerIdentity,
+    aux_layer_ids: list[int],
+    fmt: OutputFormat,
+    manifest: Manifest,
+    rows_in_shard: int,
+    status: str,
+) -> dict[str, Any]:
+    written = manifest.written.values()
+    truncated = [s for s in written if s.truncated]
+    errors = list(manifest.errors.values())
+    previous = read_data_config(config.output) or {}
+    return {
+        "extraction_method": f"hsextract dump hook ({identity.engine})",
+        "format": fmt.name,
+        "data_format_version": DATA_FORMAT_VERSION,
+        "layer_ids": recorded_layer_ids(aux_layer_ids, identity.num_layers),
+        "layer_ids_convention": "0-based index of the decoder layer whose output is captured; last = final layer",
+        "aux_layer_ids": aux_layer_ids,
+        "sglang_layers_to_capture": capture_indices(aux_layer_ids),
+        "hf_hidden_states_indices": [*capture_indices(aux_layer_ids), identity.num_layers],
+        "final_layer_id": identity.num_layers - 1,
+        "final_norm_applied": fmt.final_norm_applied,
+        "num_layers_captured": len(aux_layer_ids) + 1,
+        "num_hidden_layers": identity.num_layers,
+        "hidden_size": identity.hidden_size,
+        "vocab_size": identity.vocab_size,
+        "dtype": identity.dtype,
+        "max_seq_len": config.max_seq_len,
+        "total_samples": len(manifest.written),
+        "total_tokens": sum(s.num_tokens for s in written),
+        "total_bytes": sum(s.bytes for s in written),
+        "truncated_samples": len(truncated),
+        "truncated_tokens": sum(s.original_length - s.num_tokens for s in truncated),
+        "bad_input_samples": sum(1 for e in errors if e.kind == "bad_input"),
+        "failed_samples": sum(1 for e in errors if e.kind == "failed"),
+        "error_counts": dict(sorted(Counter(e.reason for e in errors).items())),
+        "rows_in_shard": rows_in_shard,
+        "shard_index": config.shard_index,
+        "num_shards": config.num_shards,
+        "status": status,
+        "model": {"path": identity.model_path, "num_hidden_layers": identity.num_layers},
+        "engine": identity.engine,
+        "dataset": str(Path(config.dataset).resolve()),
+        "extractor_version": __version__,
+        "created_at": previous.get("created_at", _now()),
+        "updated_at": _now(),
+        "created_unix": previous.get("created_unix", time.time()),
+    }

@@ -1,0 +1,163 @@
+"""Read tokenized datasets row by row and validate each row.
+
+Formats: JSONL (one JSON object a line), Parquet, and a ``datasets.save_to_disk`` directory
+(what speculators' data preparation writes). Rows are numbered by their line or row index,
+0-based, so row numbers are stable across runs, resumes and nodes. A bad row never stops a run:
+it comes back as a :class:`BadSampleError` with a reason key.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import BadSampleError, DatasetError
+
+
+@dataclass(frozen=True)
+class Sample:
+    row: int
+    input_ids: list[int]
+    loss_mask: list[int]
+    original_length: int  # before truncation
+
+    @property
+    def truncated(self) -> bool:
+        return self.original_length > len(self.input_ids)
+
+
+RawRow = tuple[int, Any]  # (row, decoded object) or (row, BadSampleError)
+
+
+def dataset_kind(path: Path) -> str:
+    if path.is_dir():
+        if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+            return "arrow"
+        raise DatasetError(
+            f"dataset directory {path} is not a datasets.save_to_disk directory (no dataset_info.json); "
+            "pass a .jsonl or .parquet file or such a directory"
+        )
+    if not path.exists():
+        raise DatasetError(f"dataset {path} does not exist; fix --dataset")
+    suffixes = "".join(path.suffixes[-2:]).lower()
+    if suffixes.endswith((".jsonl", ".json", ".ndjson")):
+        return "jsonl"
+    if suffixes.endswith(".parquet"):
+        return "parquet"
+    raise DatasetError(f"dataset {path} has an unknown extension; use .jsonl, .parquet or a save_to_disk directory")
+
+
+def iter_raw_rows(path: Path) -> Iterator[RawRow]:
+    """Yield ``(row, object)`` for every row; undecodable rows as ``(row, BadSampleError)``."""
+    path = Path(path)
+    kind = dataset_kind(path)
+    if kind == "jsonl":
+        yield from _iter_jsonl(path)
+    elif kind == "parquet":
+        yield from _iter_parquet(path)
+    else:
+        yield from _iter_arrow_dir(path)
+
+
+def _iter_jsonl(path: Path) -> Iterator[RawRow]:
+    blank_rows: list[int] = []  # held back: blank lines at the very end are a trailing newline, not rows
+    with open(path, "rb") as handle:
+        for row, line in enumerate(handle):
+            if not line.strip():
+                blank_rows.append(row)
+                continue
+            for blank in blank_rows:
+                yield blank, BadSampleError("empty_line", f"row {blank}: line {blank + 1} is empty")
+            blank_rows.clear()
+            yield row, _decode(row, line)
+
+
+def _decode(row: int, line: bytes) -> Any:
+    try:
+        return json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return BadSampleError("not_json", f"row {row}: line {row + 1} is not valid JSON ({exc})")
+
+
+def _iter_parquet(path: Path) -> Iterator[RawRow]:
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except Exception as exc:
+        raise DatasetError(f"dataset {path} is not a readable Parquet file: {exc}") from exc
+    row = 0
+    for batch in parquet.iter_batches(batch_size=256):
+        for record in batch.to_pylist():
+            yield row, record
+            row += 1
+
+
+def _iter_arrow_dir(path: Path) -> Iterator[RawRow]:
+    import datasets
+
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except Exception as exc:
+        raise DatasetError(f"dataset directory {path} cannot be loaded with datasets.load_from_disk: {exc}") from exc
+    if isinstance(loaded, datasets.DatasetDict):
+        if "train" not in loaded:
+            raise DatasetError(f"dataset directory {path} holds splits {list(loaded)} but no 'train'; pass one split")
+        loaded = loaded["train"]
+    row = 0
+    for batch in loaded.iter(batch_size=256):
+        columns = list(batch)
+        size = len(batch[columns[0]]) if columns else 0
+        for index in range(size):
+            yield row, {name: batch[name][index] for name in columns}
+            row += 1
+
+
+def _as_int_list(values: Any, row: int, name: str) -> list[int]:
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    if not isinstance(values, list | tuple):
+        raise BadSampleError(f"{name}_not_list", f"row {row}: {name} is {type(values).__name__}, not a list of integers")
+    out = list(values)
+    if any(type(v) is not int for v in out):  # bool is not a token id either
+        bad = next(v for v in out if type(v) is not int)
+        raise BadSampleError(f"{name}_not_integer", f"row {row}: {name} holds {bad!r}, not an integer")
+    return out
+
+
+def validate_row(row: int, raw: Any, vocab_size: int, max_seq_len: int) -> Sample:
+    """Turn a raw row into a Sample (truncated to ``max_seq_len``) or raise BadSampleError."""
+    if isinstance(raw, BadSampleError):
+        raise raw
+    if not isinstance(raw, dict):
+        raise BadSampleError("not_object", f"row {row}: expected a JSON object with input_ids, got {type(raw).__name__}")
+    if raw.get("input_ids") is None:
+        raise BadSampleError("missing_input_ids", f"row {row}: no input_ids field; tokenize the dataset first")
+    ids = _as_int_list(raw["input_ids"], row, "input_ids")
+    if not ids:
+        raise BadSampleError("empty_input_ids", f"row {row}: input_ids is empty")
+    low, high = min(ids), max(ids)
+    if low < 0:
+        raise BadSampleError("negative_input_ids", f"row {row}: input_ids holds negative id {low}")
+    if high >= vocab_size:
+        raise BadSampleError(
+            "input_ids_out_of_vocab",
+            f"row {row}: input_ids holds id {high}, at or above the model's vocabulary size {vocab_size}; "
+            "was it tokenized for another model?",
+        )
+    mask_raw = raw.get("loss_mask")
+    if mask_raw is None:
+        mask = [1] * len(ids)
+    else:
+        mask = _as_int_list(mask_raw, row, "loss_mask")
+        if len(mask) != len(ids):
+            raise BadSampleError(
+                "loss_mask_length",
+                f"row {row}: loss_mask has {len(mask)} entries but input_ids has {len(ids)}",
+            )
+        if any(v not in (0, 1) for v in mask):
+            raise BadSampleError("loss_mask_not_binary", f"row {row}: loss_mask holds values other than 0 and 1")
+    return Sample(row=row, input_ids=ids[:max_seq_len], loss_mask=mask[:max_seq_len], original_length=len(ids))

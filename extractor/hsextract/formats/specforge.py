@@ -1,0 +1,58 @@
+"""SpecForge's offline layout (what the Kimi run used).
+
+``<out>/rows_<g>-<g+2000>/data_<row>.ckpt``: one ``torch.save`` dict a sample with
+``input_ids [T]``, ``loss_mask [T]``, ``hidden_state [1,T,H]`` (final, post-norm) and
+``aux_hidden_state [1,T,K*H]`` (the aux layers concatenated in layer order).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from ..dataset import Sample
+from ..dumps import Dump
+from .base import OutputFormat, StoredSample, temp_path
+
+ROWS_PER_DIR = 2000
+
+
+class SpecForgeFormat(OutputFormat):
+    name = "specforge"
+    final_norm_applied = True
+
+    def sample_path(self, row: int) -> Path:
+        group = row // ROWS_PER_DIR * ROWS_PER_DIR
+        return self.root / f"rows_{group}-{group + ROWS_PER_DIR}" / f"data_{row}.ckpt"
+
+    def write_sample(self, sample: Sample, dump: Dump) -> int:
+        tokens = dump.input_ids.shape[0]
+        aux = dump.aux_hidden_states  # [T, K, H] contiguous: its [1, T, K*H] view is the concatenation
+        record = {
+            "input_ids": dump.input_ids.to(torch.long),
+            "loss_mask": torch.tensor(sample.loss_mask, dtype=torch.long),
+            "hidden_state": dump.final_hidden_state.reshape(1, tokens, -1),
+            "aux_hidden_state": aux.reshape(1, tokens, aux.shape[1] * aux.shape[2]),
+        }
+        path = self.sample_path(sample.row)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_path(path)
+        torch.save(record, tmp)
+        size = tmp.stat().st_size
+        os.replace(tmp, path)
+        return size
+
+    def read_sample(self, row: int) -> StoredSample:
+        record = torch.load(self.sample_path(row), weights_only=True, mmap=True)
+        hidden = record["hidden_state"]
+        aux = record["aux_hidden_state"]
+        tokens, width = hidden.shape[1], hidden.shape[2]
+        return StoredSample(
+            row=row,
+            input_ids=record["input_ids"],
+            loss_mask=record["loss_mask"],
+            aux_hidden_states=aux.reshape(tokens, aux.shape[2] // width, width),
+            final_hidden_state=hidden.reshape(tokens, width),
+        )

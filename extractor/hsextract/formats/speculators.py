@@ -1,0 +1,91 @@
+"""vllm-project/speculators' offline layout.
+
+``<out>/hidden_states/hs_<row>.safetensors`` with ``token_ids [T]`` int64 and ``hidden_states
+[T, K+1, H]``: the aux layers, then the last decoder layer's output *before* the final norm
+(speculators' trainer applies the verifier's norm itself: ``lm_head(norm(h))``). ``<out>/data/``
+is a ``datasets`` Arrow dataset (torch format) with ``input_ids``, ``loss_mask``, ``seq_len``;
+its index i is dataset row i, the number of ``hs_<i>``, so rows this output does not hold
+(bad input, other shards) are entries with ``written`` false, ``seq_len`` 0 and no file. Train
+with ``--data-path <out>/data --hidden-states-path <out>/hidden_states --on-missing skip``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..dataset import Sample
+from ..dumps import Dump
+from .base import OutputFormat, StoredSample, temp_path
+
+
+class SpeculatorsFormat(OutputFormat):
+    name = "speculators"
+    final_norm_applied = False
+    needs_final_prenorm = True
+
+    def sample_path(self, row: int) -> Path:
+        return self.root / "hidden_states" / f"hs_{row}.safetensors"
+
+    def write_sample(self, sample: Sample, dump: Dump) -> int:
+        if dump.final_prenorm_hidden_state is None:
+            raise ValueError(f"dump {dump.rid} has no final_prenorm_hidden_state, which speculators needs")
+        stacked = torch.cat([dump.aux_hidden_states, dump.final_prenorm_hidden_state.unsqueeze(1)], dim=1)
+        path = self.sample_path(sample.row)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_path(path)
+        save_file({"token_ids": dump.input_ids.to(torch.int64), "hidden_states": stacked}, str(tmp))
+        size = tmp.stat().st_size
+        os.replace(tmp, path)
+        return size
+
+    def read_sample(self, row: int) -> StoredSample:
+        tensors = load_file(str(self.sample_path(row)))
+        hidden = tensors["hidden_states"]
+        return StoredSample(
+            row=row,
+            input_ids=tensors["token_ids"],
+            loss_mask=None,
+            aux_hidden_states=hidden[:, :-1],
+            final_hidden_state=hidden[:, -1],
+        )
+
+    def finalize(self, samples: Iterable[Sample], written_rows: set[int]) -> None:
+        import datasets
+
+        by_row = {s.row: s for s in samples if s.row in written_rows}
+        last = max(by_row, default=-1)
+        input_ids, loss_mask, seq_len, written = [], [], [], []
+        for row in range(last + 1):
+            sample = by_row.get(row)
+            input_ids.append(sample.input_ids if sample else [])
+            loss_mask.append(sample.loss_mask if sample else [])
+            seq_len.append(len(sample.input_ids) if sample else 0)
+            written.append(sample is not None)
+        features = datasets.Features(
+            {
+                "input_ids": datasets.Sequence(datasets.Value("int64")),
+                "loss_mask": datasets.Sequence(datasets.Value("int64")),
+                "seq_len": datasets.Value("int64"),
+                "written": datasets.Value("bool"),
+            }
+        )
+        table = datasets.Dataset.from_dict(
+            {"input_ids": input_ids, "loss_mask": loss_mask, "seq_len": seq_len, "written": written}, features=features
+        )
+        table.set_format("torch")
+        final = self.root / "data"
+        tmp = temp_path(final)
+        table.save_to_disk(str(tmp))
+        if final.exists():
+            old = temp_path(final.with_name("data-old"))
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, final)

@@ -1,0 +1,53 @@
+"""Prometheus metrics of an extraction run (prefix ``hsextract_``, DESIGN section 7)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+
+class ExtractMetrics:
+    """All metrics on one registry (pass a fresh one in tests)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.samples = Counter(
+            "hsextract_samples", "Samples settled, by status (ok, bad_input, failed, resumed)", ["status"], registry=r
+        )
+        self.tokens = Counter("hsextract_tokens", "Tokens written to the output", registry=r)
+        self.truncated = Counter("hsextract_truncated_samples", "Samples truncated to max_seq_len", registry=r)
+        self.errors = Counter("hsextract_errors", "Errors by reason (bad input, dump checks, server)", ["reason"], registry=r)
+        self.retries = Counter("hsextract_retries", "Requests retried", registry=r)
+        self.shm_used = Gauge("hsextract_shm_used_bytes", "Bytes used on the dump filesystem", registry=r)
+        self.shm_total = Gauge("hsextract_shm_total_bytes", "Size of the dump filesystem", registry=r)
+        self.disk_free = Gauge("hsextract_disk_free_bytes", "Free bytes on the output filesystem", registry=r)
+        self.output_bytes = Counter("hsextract_output_bytes", "Bytes written to the output", registry=r)
+        self.inflight = Gauge("hsextract_inflight_requests", "Requests sent and not yet packed", registry=r)
+        self.request_seconds = Histogram(
+            "hsextract_request_seconds",
+            "Seconds from sending a request to its dump being packed",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+            registry=r,
+        )
+        self.planned = Gauge("hsextract_samples_planned", "Rows this run is responsible for (its shard)", registry=r)
+        self.planned_tokens = Gauge("hsextract_tokens_planned", "Tokens this run will write in all", registry=r)
+        self.server_up = Gauge("hsextract_server_up", "1 when the server answered its last request or health check", registry=r)
+        self.running = Gauge("hsextract_running", "1 while the extraction runs, 0 once it has finished", registry=r)
+        for status in ("ok", "bad_input", "failed", "resumed"):
+            self.samples.labels(status)
+
+    def serve(self, port: int, host: str = "0.0.0.0") -> None:
+        start_http_server(port, addr=host, registry=self.registry)
+
+    def sample_filesystems(self, dump_dir: Path | None, output_dir: Path) -> float | None:
+        """Update the shm and disk gauges; return the dump filesystem's used fraction."""
+        self.disk_free.set(shutil.disk_usage(output_dir).free)
+        if dump_dir is None or not dump_dir.exists():
+            return None
+        usage = shutil.disk_usage(dump_dir)
+        self.shm_used.set(usage.used)
+        self.shm_total.set(usage.total)
+        return usage.used / usage.total if usage.total else None

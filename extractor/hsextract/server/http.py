@@ -1,0 +1,142 @@
+"""HTTP front of the embedded server: the subset of SGLang's API the extractor uses.
+
+``POST /generate`` ({input_ids, rid, sampling_params: {max_new_tokens: 0}}), ``GET /health`` and
+``/health_generate`` (200 only when a real forward works, 503 otherwise), ``GET /server_info``
+(also ``/get_server_info``) and ``GET /get_model_info``. Errors answer like SGLang:
+``{"error": {"message": ...}}`` with a 4xx/5xx status.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from concurrent.futures import TimeoutError as FutureTimeout
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from .engine import Engine
+
+log = logging.getLogger(__name__)
+
+HEALTH_TIMEOUT_S = 20.0
+GENERATE_TIMEOUT_S = 3600.0
+
+
+class _BadRequest(Exception):
+    pass
+
+
+class EmbeddedServer:
+    """Serve an :class:`Engine` over HTTP until :meth:`shutdown`."""
+
+    def __init__(self, engine: Engine, host: str, port: int) -> None:
+        self.engine = engine
+        handler = type("Handler", (_Handler,), {"engine": engine})
+        ThreadingHTTPServer.allow_reuse_address = True
+        self.httpd = ThreadingHTTPServer((host, port), handler)
+        self.httpd.daemon_threads = True
+
+    @property
+    def port(self) -> int:
+        return int(self.httpd.server_address[1])
+
+    def serve_forever(self) -> None:
+        self.httpd.serve_forever(poll_interval=0.2)
+
+    def start_background(self) -> threading.Thread:
+        thread = threading.Thread(target=self.serve_forever, name="hsextract-http", daemon=True)
+        thread.start()
+        return thread
+
+    def shutdown(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.engine.shutdown()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    engine: Engine
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # route access logs to logging
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def _send(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, status: int, message: str) -> None:
+        self._send(status, {"error": {"message": message, "code": status}})
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path in ("/health", "/health_generate"):
+            self._health()
+        elif path in ("/server_info", "/get_server_info"):
+            self._send(200, self.engine.info())
+        elif path == "/get_model_info":
+            self._send(200, {"model_path": str(self.engine.model_path), "is_generation": True})
+        else:
+            self._error(404, f"no route {path}")
+
+    def do_POST(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path != "/generate":
+            self._error(404, f"no route {path}")
+            return
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+            body = json.loads(self.rfile.read(length) or b"null")
+            rid, input_ids = self._parse_generate(body)
+        except (ValueError, _BadRequest) as exc:
+            self._error(400, str(exc))
+            return
+        future = self.engine.submit(rid, input_ids)
+        try:
+            self._send(200, future.result(timeout=GENERATE_TIMEOUT_S))
+        except FutureTimeout:
+            self._error(503, f"request {rid} timed out in the embedded server")
+        except Exception as exc:
+            self._error(500, f"forward failed for {rid}: {type(exc).__name__}: {exc}")
+
+    def _parse_generate(self, body: Any) -> tuple[str, list[int]]:
+        if not isinstance(body, dict):
+            raise _BadRequest("request body must be a JSON object")
+        ids = body.get("input_ids")
+        if not isinstance(ids, list) or not ids:
+            raise _BadRequest("input_ids must be a non-empty list of token ids (this server takes no text)")
+        if any(type(i) is not int for i in ids):
+            raise _BadRequest("input_ids must hold integers only (one prompt per request)")
+        vocab = self.engine.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise _BadRequest(f"input_ids must lie in [0, {vocab}): got {min(ids)}..{max(ids)}")
+        params = body.get("sampling_params") or {}
+        if not isinstance(params, dict) or params.get("max_new_tokens", 0) != 0:
+            raise _BadRequest("this server only prefills: set sampling_params.max_new_tokens to 0")
+        rid = body.get("rid")
+        if rid is None:
+            rid = uuid.uuid4().hex
+        if not isinstance(rid, str):
+            raise _BadRequest("rid must be a string")
+        return rid, ids
+
+    def _health(self) -> None:
+        started = time.monotonic()
+        future = self.engine.submit(f"HEALTH_CHECK_{uuid.uuid4().hex}", [0])
+        try:
+            future.result(timeout=HEALTH_TIMEOUT_S)
+        except Exception as exc:
+            self._error(503, f"health forward failed: {type(exc).__name__}: {exc}")
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+        log.debug("health forward took %.3f s", time.monotonic() - started)
