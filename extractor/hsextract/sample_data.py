@@ -19,7 +19,7 @@ def make_sample_data(path: Path, num: int = 64, vocab_size: int = 4096, seed: in
     with open(tmp, "w") as handle:
         for index in range(num):
             if index % 16 == 5:
-                length = rng.randint(4200, max_len)  # some rows exceed the default max_seq_len
+                length = rng.randint(min(4200, max_len), max_len)  # some rows exceed the default max_seq_len
             else:
                 length = min(max_len, max(8, int(rng.lognormvariate(6.2, 0.9))))
             ids = [rng.randrange(vocab_size) for _ in range(length)]

@@ -1,0 +1,42 @@
+# hsextract: `make extract` sets everything up and runs the embedded default; `make test` tests it.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch; on a GPU host use e.g. TORCH_SPEC=torch==2.14.1
+TORCH_SPEC ?= torch==2.13.0
+WORK ?= work
+PYTEST_ARGS ?=
+
+.PHONY: help setup extract test lint bench deploy restart status logs clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
+
+setup: $(VENV)/.setup-done  ## create .venv with hsextract and its test tools
+
+$(VENV)/.setup-done: extractor/pyproject.toml constraints.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e extractor -r requirements-dev.txt
+	$(BIN)/hsextract --version
+	touch $@
+
+extract: setup  ## run the main job on the embedded default (tiny DeepSeek-V3 model, sample data)
+	WORK=$(WORK) scripts/run-default.sh
+
+test: setup  ## run the test suite
+	$(BIN)/python -m pytest $(PYTEST_ARGS) tests
+
+lint: setup  ## ruff and mypy on the package
+	$(BIN)/ruff check extractor tests bench
+	$(BIN)/mypy extractor/hsextract
+
+bench: setup  ## benchmarks; writes bench/results.json
+	$(BIN)/python bench/bench_core.py --out bench/results.json
+
+clean:  ## remove the venv and the default run's files
+	rm -rf $(VENV) $(WORK)

@@ -1,0 +1,101 @@
+"""Resume: SIGKILL mid-run, rerun the same command, get exactly the uninterrupted output."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from hsextract.data_config import VOLATILE_FIELDS
+from hsextract.formats import open_format
+from hsextract.sample_data import make_sample_data
+
+from .conftest import run_extraction
+
+
+def extract_command(url: str, dataset: Path, output: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "hsextract", "extract", "--server", url, "--dataset", str(dataset),
+        "--output", str(output), "--concurrency", "2", "--max-seq-len", "256",
+    ]
+
+
+def comparable(output: Path) -> dict[str, object]:
+    config = json.loads((output / "data_config.json").read_text())
+    for field in (*VOLATILE_FIELDS, "dataset"):
+        config.pop(field, None)
+    return {
+        "config": config,
+        "samples": [{k: v for k, v in json.loads(line).items() if k != "bytes"} for line in (output / "samples.jsonl").read_text().splitlines()],
+        "errors": (output / "errors.jsonl").read_text(),
+        "files": sorted(str(p.relative_to(output)) for p in output.rglob("*") if p.is_file()),
+    }
+
+
+def test_resume_after_sigkill_equals_uninterrupted_run(model_dir, start_server, tmp_path: Path) -> None:
+    server = start_server(model_dir("deepseek_v3"), chunked_prefill_size=128)
+    dataset = make_sample_data(tmp_path / "data.jsonl", num=24, vocab_size=1024, seed=7, max_len=400)
+    with open(dataset, "a") as handle:
+        handle.write("{broken\n")
+    reference = run_extraction(server.url, dataset, tmp_path / "reference", concurrency=2, max_seq_len=256)
+    assert reference.status == "complete"
+
+    output = tmp_path / "resumed"
+    process = subprocess.Popen(extract_command(server.url, dataset, output), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        written = output / "samples.jsonl"
+        if written.exists() and len(written.read_text().splitlines()) >= 8:
+            break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    partial = len((output / "samples.jsonl").read_text().splitlines())
+    assert 8 <= partial < 24, f"the kill came too late to test anything ({partial} samples written)"
+    assert not (output / "data_config.json").exists()
+
+    rerun = subprocess.run(extract_command(server.url, dataset, output), capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert comparable(output) == comparable(tmp_path / "reference")
+    reference_format = open_format("specforge", tmp_path / "reference")
+    resumed_format = open_format("specforge", output)
+    for row in range(24):
+        a, b = reference_format.read_sample(row), resumed_format.read_sample(row)
+        assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.loss_mask, b.loss_mask)
+        assert torch.allclose(a.aux_hidden_states, b.aux_hidden_states, atol=1e-5)
+        assert torch.allclose(a.final_hidden_state, b.final_hidden_state, atol=1e-5)
+    assert not [p for p in output.rglob(".*")], "temporary files remain after a finished run"
+    assert not any(server.dump_dir.iterdir()), "dumps were left in the dump dir"
+
+
+def test_rerun_of_a_finished_run_does_nothing(model_dir, start_server, tmp_path: Path) -> None:
+    server = start_server(model_dir("deepseek_v3"))
+    dataset = make_sample_data(tmp_path / "data.jsonl", num=4, vocab_size=1024, seed=2, max_len=120)
+    first = run_extraction(server.url, dataset, tmp_path / "out")
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "out").rglob("*.ckpt")}
+    second = run_extraction(server.url, dataset, tmp_path / "out")
+    assert first.written_now == 4 and second.written_now == 0 and second.resumed == 4
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "out").rglob("*.ckpt")} == before
+
+
+def test_sigterm_stops_cleanly_and_resumes(model_dir, start_server, tmp_path: Path) -> None:
+    server = start_server(model_dir("deepseek_v3"))
+    dataset = make_sample_data(tmp_path / "data.jsonl", num=20, vocab_size=1024, seed=4, max_len=400)
+    output = tmp_path / "out"
+    process = subprocess.Popen(extract_command(server.url, dataset, output), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not ((output / "samples.jsonl").exists() and (output / "samples.jsonl").read_text().count("\n") >= 3):
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGTERM)
+    out, _ = process.communicate(timeout=60)
+    assert process.returncode == 130, out
+    assert json.loads((output / "data_config.json").read_text())["status"] == "interrupted"
+    rerun = subprocess.run(extract_command(server.url, dataset, output), capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert json.loads((output / "data_config.json").read_text())["total_samples"] == 20
