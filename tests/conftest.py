@@ -64,7 +64,6 @@ def start_server(tmp_path: Path) -> Iterator[object]:
 
 
 def run_extraction(server_url: str, dataset: Path, output: Path, **overrides: object) -> RunSummary:
-    config = ExtractConfig(
-        server=server_url, dataset=dataset, output=output, health_timeout_s=30, **overrides  # type: ignore[arg-type]
-    )
+    settings: dict[str, object] = {"health_timeout_s": 30, **overrides}
+    config = ExtractConfig(server=server_url, dataset=dataset, output=output, **settings)  # type: ignore[arg-type]
     return Extraction(config, metrics=ExtractMetrics()).run()

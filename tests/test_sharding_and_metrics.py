@@ -1,0 +1,62 @@
+"""Shards partition the rows deterministically; metrics tell the truth about the run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from hsextract.config import ExtractConfig
+from hsextract.metrics import ExtractMetrics
+from hsextract.output_check import verify_output
+from hsextract.pipeline import Extraction
+from hsextract.sample_data import make_sample_data
+
+from .conftest import free_port, run_extraction
+
+
+def test_shards_partition_the_rows(model_dir, start_server, tmp_path: Path) -> None:
+    server = start_server(model_dir("deepseek_v3"))
+    dataset = make_sample_data(tmp_path / "data.jsonl", num=7, vocab_size=1024, max_len=40)
+    rows = []
+    for index in range(3):
+        output = tmp_path / f"shard{index}"
+        run_extraction(server.url, dataset, output, shard_index=index, num_shards=3)
+        rows.append([json.loads(line)["row"] for line in (output / "samples.jsonl").read_text().splitlines()])
+        assert verify_output(output).ok
+    assert rows == [[0, 3, 6], [1, 4], [2, 5]]
+
+
+def test_metrics_are_served_and_match_the_output(model_dir, start_server, tmp_path: Path) -> None:
+    server = start_server(model_dir("deepseek_v3"))
+    dataset = make_sample_data(tmp_path / "data.jsonl", num=5, vocab_size=1024, max_len=80)
+    with open(dataset, "a") as handle:
+        handle.write('{"input_ids": [-1]}\n')
+    port = free_port()
+    metrics = ExtractMetrics()
+    config = ExtractConfig(
+        server=server.url, dataset=dataset, output=tmp_path / "out", metrics_port=port, metrics_host="127.0.0.1",
+        max_seq_len=50, dump_dir=server.dump_dir,
+    )
+    Extraction(config, metrics=metrics).run()
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    values = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+    data_config = json.loads((tmp_path / "out" / "data_config.json").read_text())
+    assert values[("hsextract_samples_total", (("status", "ok"),))] == 5
+    assert values[("hsextract_samples_total", (("status", "bad_input"),))] == 1
+    assert values[("hsextract_errors_total", (("reason", "negative_input_ids"),))] == 1
+    assert values[("hsextract_tokens_total", ())] == data_config["total_tokens"]
+    assert values[("hsextract_truncated_samples_total", ())] == data_config["truncated_samples"]
+    assert values[("hsextract_samples_planned", ())] == 6
+    assert values[("hsextract_output_bytes_total", ())] == data_config["total_bytes"]
+    assert values[("hsextract_request_seconds_count", ())] == 5
+    assert values[("hsextract_inflight_requests", ())] == 0
+    assert values[("hsextract_server_up", ())] == 1
+    assert values[("hsextract_shm_total_bytes", ())] > 0 and values[("hsextract_disk_free_bytes", ())] > 0
+    assert values[("hsextract_running", ())] == 0
