@@ -33,7 +33,7 @@ test: setup  ## run the test suite
 
 lint: setup  ## ruff and mypy on the package
 	$(BIN)/ruff check extractor tests bench
-	$(BIN)/mypy extractor/hsextract
+	$(BIN)/mypy --config-file mypy.ini extractor/hsextract
 
 bench: setup  ## benchmarks; writes bench/results.json
 	$(BIN)/python bench/bench_core.py --out bench/results.json

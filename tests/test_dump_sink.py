@@ -58,7 +58,11 @@ def test_prompt_split_over_chunks_in_different_batches(tmp_path: Path) -> None:
     sink.submit(batch)
     sink.flush()
     dump = read_dump(tmp_path / rid)
-    assert torch.equal(dump.input_ids, ids) and torch.equal(dump.aux_hidden_states, aux) and torch.equal(dump.final_hidden_state, final)
+    assert (
+        torch.equal(dump.input_ids, ids)
+        and torch.equal(dump.aux_hidden_states, aux)
+        and torch.equal(dump.final_hidden_state, final)
+    )
     assert dump.meta["extend_passes"] == 2
     sink.close()
 
@@ -91,7 +95,17 @@ def test_more_rows_than_the_rid_promises_leaves_an_error_marker(tmp_path: Path) 
 
 @pytest.mark.parametrize(
     "rid",
-    ["hsx-../../x-n3", "../hsx-000000001-n3", "hsx-000000001-n3/../../x", "hsx-00000001-n3", "hsx-000000001-n0", "hsx-000000001-n3\n", "HSX-000000001-n3", 5, None],
+    [
+        "hsx-../../x-n3",
+        "../hsx-000000001-n3",
+        "hsx-000000001-n3/../../x",
+        "hsx-00000001-n3",
+        "hsx-000000001-n0",
+        "hsx-000000001-n3\n",
+        "HSX-000000001-n3",
+        5,
+        None,
+    ],
 )
 def test_hostile_or_malformed_rids_are_never_paths(tmp_path: Path, rid: object) -> None:
     root = tmp_path / "root"

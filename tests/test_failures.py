@@ -82,7 +82,13 @@ def test_stops_after_consecutive_failures_with_a_clear_error(model_dir, start_se
     dataset = make_sample_data(tmp_path / "data.jsonl", num=10, vocab_size=1024, max_len=50)
     try:
         summary = run_extraction(
-            proxy.url, dataset, tmp_path / "out", concurrency=1, dump_dir=server.dump_dir, max_attempts=2, max_consecutive_failures=3
+            proxy.url,
+            dataset,
+            tmp_path / "out",
+            concurrency=1,
+            dump_dir=server.dump_dir,
+            max_attempts=2,
+            max_consecutive_failures=3,
         )
     finally:
         proxy.close()
@@ -128,7 +134,9 @@ def test_cli_config_errors_name_the_input_and_the_fix(tmp_path: Path) -> None:
     assert result.returncode == 2 and "shard_index 2 must be below num_shards 2" in result.stderr
     result = cli("extract", "--output", "o")
     assert result.returncode == 2 and "dataset (--dataset) is required" in result.stderr
-    result = cli("extract", "--dataset", str(tmp_path / "missing.jsonl"), "--output", str(tmp_path / "o"), "--health-timeout-s", "0")
+    result = cli(
+        "extract", "--dataset", str(tmp_path / "missing.jsonl"), "--output", str(tmp_path / "o"), "--health-timeout-s", "0"
+    )
     assert result.returncode == 1 and "DatasetError" in result.stderr and "missing.jsonl" in result.stderr
 
 
@@ -136,7 +144,9 @@ def test_cli_config_file_and_flags_merge(model_dir, start_server, tmp_path: Path
     server = start_server(model_dir("deepseek_v3"))
     dataset = make_sample_data(tmp_path / "data.jsonl", num=3, vocab_size=1024, max_len=60)
     config = tmp_path / "extract.yaml"
-    config.write_text(f"server: {server.url}\ndataset: {dataset}\noutput: {tmp_path / 'out'}\nformat: speculators\nmax_seq_len: 10\n")
+    config.write_text(
+        f"server: {server.url}\ndataset: {dataset}\noutput: {tmp_path / 'out'}\nformat: speculators\nmax_seq_len: 10\n"
+    )
     result = cli("extract", "--config", str(config), "--max-seq-len", "20")
     assert result.returncode == 0, result.stderr
     data_config = json.loads((tmp_path / "out" / "data_config.json").read_text())
@@ -150,7 +160,19 @@ def test_help_tells_every_subcommand_and_option() -> None:
     for command in ("serve", "extract", "verify", "make-tiny-model", "make-sample-data"):
         assert command in top.stdout
     extract = cli("extract", "--help").stdout
-    for flag in ("--server", "--dataset", "--output", "--dump-dir", "--format", "--layer-ids", "--max-seq-len",
-                 "--concurrency", "--metrics-port", "--shard-index", "--num-shards", "--config"):
+    for flag in (
+        "--server",
+        "--dataset",
+        "--output",
+        "--dump-dir",
+        "--format",
+        "--layer-ids",
+        "--max-seq-len",
+        "--concurrency",
+        "--metrics-port",
+        "--shard-index",
+        "--num-shards",
+        "--config",
+    ):
         assert flag in extract
     assert "--chunked-prefill-size" in cli("serve", "--help").stdout

@@ -21,8 +21,20 @@ from .conftest import run_extraction
 
 def extract_command(url: str, dataset: Path, output: Path) -> list[str]:
     return [
-        sys.executable, "-m", "hsextract", "extract", "--server", url, "--dataset", str(dataset),
-        "--output", str(output), "--concurrency", "2", "--max-seq-len", "256",
+        sys.executable,
+        "-m",
+        "hsextract",
+        "extract",
+        "--server",
+        url,
+        "--dataset",
+        str(dataset),
+        "--output",
+        str(output),
+        "--concurrency",
+        "2",
+        "--max-seq-len",
+        "256",
     ]
 
 
@@ -32,7 +44,10 @@ def comparable(output: Path) -> dict[str, object]:
         config.pop(field, None)
     return {
         "config": config,
-        "samples": [{k: v for k, v in json.loads(line).items() if k != "bytes"} for line in (output / "samples.jsonl").read_text().splitlines()],
+        "samples": [
+            {k: v for k, v in json.loads(line).items() if k != "bytes"}
+            for line in (output / "samples.jsonl").read_text().splitlines()
+        ],
         "errors": (output / "errors.jsonl").read_text(),
         "files": sorted(str(p.relative_to(output)) for p in output.rglob("*") if p.is_file()),
     }
@@ -88,9 +103,13 @@ def test_sigterm_stops_cleanly_and_resumes(model_dir, start_server, tmp_path: Pa
     server = start_server(model_dir("deepseek_v3"))
     dataset = make_sample_data(tmp_path / "data.jsonl", num=20, vocab_size=1024, seed=4, max_len=400)
     output = tmp_path / "out"
-    process = subprocess.Popen(extract_command(server.url, dataset, output), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        extract_command(server.url, dataset, output), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not ((output / "samples.jsonl").exists() and (output / "samples.jsonl").read_text().count("\n") >= 3):
+    while time.monotonic() < deadline and not (
+        (output / "samples.jsonl").exists() and (output / "samples.jsonl").read_text().count("\n") >= 3
+    ):
         time.sleep(0.05)
     os.kill(process.pid, signal.SIGTERM)
     out, _ = process.communicate(timeout=60)

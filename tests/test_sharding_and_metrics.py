@@ -37,8 +37,13 @@ def test_metrics_are_served_and_match_the_output(model_dir, start_server, tmp_pa
     port = free_port()
     metrics = ExtractMetrics()
     config = ExtractConfig(
-        server=server.url, dataset=dataset, output=tmp_path / "out", metrics_port=port, metrics_host="127.0.0.1",
-        max_seq_len=50, dump_dir=server.dump_dir,
+        server=server.url,
+        dataset=dataset,
+        output=tmp_path / "out",
+        metrics_port=port,
+        metrics_host="127.0.0.1",
+        max_seq_len=50,
+        dump_dir=server.dump_dir,
     )
     Extraction(config, metrics=metrics).run()
     text = httpx.get(f"http://127.0.0.1:{port}/metrics").text

@@ -43,17 +43,21 @@ def check_dump(dump: Dump, sent_ids: list[int], expect: DumpExpectation) -> None
     num_aux = len(expect.aux_layer_ids)
     want_aux = (tokens, num_aux, expect.hidden_size)
     if tuple(dump.aux_hidden_states.shape) != want_aux:
-        raise DumpError("shape_mismatch", f"dump {dump.rid} aux_hidden_states is {tuple(dump.aux_hidden_states.shape)}, expected {want_aux}")
-    if tuple(dump.final_hidden_state.shape) != (tokens, expect.hidden_size):
         raise DumpError(
-            "shape_mismatch",
-            f"dump {dump.rid} final_hidden_state is {tuple(dump.final_hidden_state.shape)}, expected {(tokens, expect.hidden_size)}",
+            "shape_mismatch", f"dump {dump.rid} aux_hidden_states is {tuple(dump.aux_hidden_states.shape)}, expected {want_aux}"
         )
+    want_final = (tokens, expect.hidden_size)
+    if tuple(dump.final_hidden_state.shape) != want_final:
+        got = tuple(dump.final_hidden_state.shape)
+        raise DumpError("shape_mismatch", f"dump {dump.rid} final_hidden_state is {got}, expected {want_final}")
     tensors = [dump.aux_hidden_states, dump.final_hidden_state]
     if expect.need_final_prenorm:
         prenorm = dump.final_prenorm_hidden_state
         if prenorm is None or tuple(prenorm.shape) != (tokens, expect.hidden_size):
-            raise DumpError("missing_final_prenorm", f"dump {dump.rid} has no [T, H] final_prenorm_hidden_state, which the output format needs")
+            raise DumpError(
+                "missing_final_prenorm",
+                f"dump {dump.rid} has no [T, H] final_prenorm_hidden_state, which the output format needs",
+            )
         tensors.append(prenorm)
     for tensor in tensors:
         dtype = str(tensor.dtype).removeprefix("torch.")

@@ -65,8 +65,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     info = engine.info()
     log.info(
         "serving %s (%s, %d layers, hidden %d, %s) on http://%s:%d, aux layer_ids %s, dumps to %s",
-        config.model, info["architecture"], info["num_hidden_layers"], info["hidden_size"], info["dtype"],
-        config.host, server.port, info["layer_ids"], config.dump_dir,
+        config.model,
+        info["architecture"],
+        info["num_hidden_layers"],
+        info["hidden_size"],
+        info["dtype"],
+        config.host,
+        server.port,
+        info["layer_ids"],
+        config.dump_dir,
     )
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
@@ -123,12 +130,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     tiny = sub.add_parser("make-tiny-model", help="write a small random-weight model transformers loads")
     tiny.add_argument("dir", type=Path, help="output directory (save_pretrained layout)")
-    tiny.add_argument("--arch", choices=["deepseek_v3", "llama", "qwen2"], default="deepseek_v3", help="architecture (default: deepseek_v3, as Kimi-K2.5)")
+    tiny.add_argument(
+        "--arch",
+        choices=["deepseek_v3", "llama", "qwen2"],
+        default="deepseek_v3",
+        help="architecture (default: deepseek_v3, as Kimi-K2.5)",
+    )
     tiny.add_argument("--layers", type=int, default=8, help="decoder layers, at least 6 (default: 8)")
     tiny.add_argument("--hidden", type=int, default=128, help="hidden size, a multiple of 32 (default: 128)")
     tiny.add_argument("--vocab-size", type=int, default=4096, help="vocabulary size (default: 4096)")
     tiny.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
-    tiny.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16", help="weight dtype (default: bfloat16)")
+    tiny.add_argument(
+        "--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16", help="weight dtype (default: bfloat16)"
+    )
     tiny.set_defaults(func=_cmd_make_tiny_model)
 
     data = sub.add_parser("make-sample-data", help="write a sample tokenized JSONL dataset")

@@ -147,7 +147,9 @@ class ServerClient:
         except httpx.HTTPError as exc:
             raise TransientServerError(f"/generate for {rid} failed: {type(exc).__name__}: {exc}") from exc
         if 400 <= response.status_code < 500 and response.status_code not in (408, 429):
-            raise BadSampleError("server_rejected", f"server refused {rid} with HTTP {response.status_code}: {response.text[:300]}")
+            raise BadSampleError(
+                "server_rejected", f"server refused {rid} with HTTP {response.status_code}: {response.text[:300]}"
+            )
         if response.status_code != 200:
             raise TransientServerError(f"/generate for {rid} answered HTTP {response.status_code}: {response.text[:300]}")
         body = response.json()

@@ -39,9 +39,7 @@ class ExtractConfig(_Strict):
     )
     max_seq_len: int = Field(4096, gt=0, description="longer prompts are truncated to this many tokens and counted")
     concurrency: int = Field(8, gt=0, le=1024, description="requests in flight at once")
-    metrics_port: int | None = Field(
-        None, ge=0, le=65535, description="serve Prometheus metrics on this port (0 or unset: off)"
-    )
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="serve Prometheus metrics on this port (0 or unset: off)")
     metrics_host: str = Field("0.0.0.0", description="address the metrics endpoint binds to")
     shard_index: int = Field(0, ge=0, description="this node's slice: rows with row %% num_shards == shard_index")
     num_shards: int = Field(1, gt=0, description="number of slices the dataset is split into")
@@ -58,9 +56,7 @@ class ExtractConfig(_Strict):
         8, gt=0, description="stop the run after this many samples in a row failed after all their tries"
     )
     disk_headroom: float = Field(1.05, ge=1.0, description="required free disk = estimated output bytes x this")
-    expect_model: str | None = Field(
-        None, description="refuse to run unless the server's model path ends with this string"
-    )
+    expect_model: str | None = Field(None, description="refuse to run unless the server's model path ends with this string")
     log_interval_s: float = Field(30.0, gt=0, description="seconds between progress log lines when not on a terminal")
 
     @field_validator("rid_prefix")
@@ -148,9 +144,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]
             continue
         if metavar:
             kwargs["metavar"] = metavar
-        parser.add_argument(
-            "--" + name.replace("_", "-"), dest=name, default=argparse.SUPPRESS, help=help_text, **kwargs
-        )
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=argparse.SUPPRESS, help=help_text, **kwargs)
 
 
 def load_config(model: type[_Strict], args: argparse.Namespace) -> Any:

@@ -89,8 +89,8 @@ class Manifest:
             error = ErrorRecord(**{k: record[k] for k in ErrorRecord.__dataclass_fields__})
             if error.kind == "bad_input" and error.row not in self.written:
                 self.errors[error.row] = error  # failed rows are forgotten: this run retries them
-        self._samples_handle = open(self.root / SAMPLES_FILE, "a")
-        self._errors_handle = open(self.root / ERRORS_FILE, "a")
+        self._samples_handle = open(self.root / SAMPLES_FILE, "a")  # noqa: SIM115 - open for the whole run, closed in close()
+        self._errors_handle = open(self.root / ERRORS_FILE, "a")  # noqa: SIM115 - as above
 
     def is_settled(self, row: int) -> bool:
         """Written, or known bad input: nothing more to do for this row."""

@@ -7,6 +7,7 @@ command resumes: rows already written or known to be bad input are skipped, ever
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import shutil
@@ -23,7 +24,7 @@ from .client import ServerClient, ServerIdentity, TransientServerError, parse_id
 from .config import ExtractConfig
 from .data_config import build_data_config, read_data_config, write_data_config
 from .dataset import Sample, dataset_kind, iter_raw_rows, validate_row
-from .dumps import dump_state, read_dump, read_error, remove_dump
+from .dumps import Dump, dump_state, read_dump, read_error, remove_dump
 from .errors import BadSampleError, ConfigError, DiskSpaceError, DumpError, HsextractError, ServerError
 from .formats import OutputFormat, open_format
 from .layers import capture_indices, resolve_aux_layer_ids
@@ -162,7 +163,12 @@ class Extraction:
         self.metrics.planned_tokens.set(plan.todo_tokens)
         log.info(
             "plan: %d rows in this shard, %d already settled, %d to extract (%d tokens, about %.2f GB; %.2f GB free)",
-            plan.rows_in_shard, plan.settled, plan.todo_rows, plan.todo_tokens, needed / 1e9, free / 1e9,
+            plan.rows_in_shard,
+            plan.settled,
+            plan.todo_rows,
+            plan.todo_tokens,
+            needed / 1e9,
+            free / 1e9,
         )
         if needed > free:
             raise DiskSpaceError(
@@ -265,18 +271,22 @@ class Extraction:
                         break
                     self.metrics.inflight.inc()
                     future: Future[None] = pool.submit(self._process, sample, manifest, fmt, dump_dir, expect)
-                    future.add_done_callback(lambda f, s=sample: self._finished(f, s, slots, progress))
+                    future.add_done_callback(functools.partial(self._finished, sample=sample, slots=slots, progress=progress))
             except BaseException:
                 self.stop.set()
                 raise
 
-    def _finished(self, future: Future[None], sample: Sample, slots: threading.BoundedSemaphore, progress: Progress) -> None:
+    def _finished(
+        self, future: Future[None], *, sample: Sample, slots: threading.BoundedSemaphore, progress: Progress
+    ) -> None:
         self.metrics.inflight.dec()
         slots.release()
         if future.exception() is not None:  # a bug, not a sample problem: stop the run loudly
             with self._lock:
                 exc = future.exception()
-                self._fatal = exc if isinstance(exc, HsextractError) else ServerError(f"internal error on row {sample.row}: {exc!r}")
+                self._fatal = (
+                    exc if isinstance(exc, HsextractError) else ServerError(f"internal error on row {sample.row}: {exc!r}")
+                )
             log.error("row %d crashed the worker: %r", sample.row, future.exception())
             self.stop.set()
             return
@@ -335,18 +345,22 @@ class Extraction:
         remove_dump(directory)
         self._record_failed(manifest, sample.row, last_error)
 
-    def _expectation(self, expect: DumpExpectation, dump: object) -> DumpExpectation:
+    def _expectation(self, expect: DumpExpectation, dump: Dump) -> DumpExpectation:
         # A server that does not report its dtype: the first dump sets it for the whole run.
         if expect.dtype is None:
             with self._lock:
                 if self._pinned_dtype is None:
-                    self._pinned_dtype = str(getattr(dump, "final_hidden_state").dtype).removeprefix("torch.")
+                    self._pinned_dtype = str(dump.final_hidden_state.dtype).removeprefix("torch.")
                 return DumpExpectation(
-                    expect.aux_layer_ids, expect.capture_indices, expect.hidden_size, self._pinned_dtype, expect.need_final_prenorm
+                    expect.aux_layer_ids,
+                    expect.capture_indices,
+                    expect.hidden_size,
+                    self._pinned_dtype,
+                    expect.need_final_prenorm,
                 )
         return expect
 
-    def _wait_for_dump(self, directory: Path):  # type: ignore[no-untyped-def]
+    def _wait_for_dump(self, directory: Path) -> Dump:
         # The SGLang hook writes on a background thread: the dump can land after the response.
         deadline = time.monotonic() + self.config.dump_timeout_s
         delay = 0.002

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -21,7 +22,7 @@ def _config(arch: str, layers: int, hidden: int, vocab_size: int) -> object:
     heads = max(2, hidden // 32)
     # A larger initializer than the default 0.02 makes every layer move the residual stream
     # visibly, so an off-by-one layer index is far from the right one in the reference check.
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=hidden,
         num_hidden_layers=layers,
@@ -47,7 +48,6 @@ def _config(arch: str, layers: int, hidden: int, vocab_size: int) -> object:
             qk_rope_head_dim=16,
             qk_nope_head_dim=16,
             v_head_dim=hidden // heads,
-            rope_scaling=None,
         )
     if arch == "llama":
         return transformers.LlamaConfig(**common, intermediate_size=hidden * 2, num_key_value_heads=max(1, heads // 2))
@@ -76,7 +76,7 @@ def make_tiny_model(
         raise ConfigError(f"--hidden {hidden} must be a positive multiple of 32")
     config = _config(arch, layers, hidden, vocab_size)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config)
+    model = transformers.AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
     model = model.to(DTYPES[dtype]).eval()
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

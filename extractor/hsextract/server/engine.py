@@ -64,8 +64,9 @@ class Engine:
         if device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("device cuda asked for but torch sees no GPU; use --device cpu")
         kwargs: dict[str, Any] = {} if dtype == "auto" else {"dtype": _DTYPES[dtype]}
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(self.model_path), **kwargs)
-        self.model = model.to(device).eval()
+        model = transformers.AutoModelForCausalLM.from_pretrained(self.model_path, **kwargs)
+        # transformers types Module.to through a decorator that mypy misreads
+        self.model = model.to(device).eval()  # type: ignore[arg-type]
         self.base = self.model.base_model  # the decoder stack without lm_head: no logits needed
         self.config = self.model.config
         self.num_layers = int(self.config.num_hidden_layers)

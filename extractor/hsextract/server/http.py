@@ -14,7 +14,6 @@ import threading
 import time
 import uuid
 from concurrent.futures import TimeoutError as FutureTimeout
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
