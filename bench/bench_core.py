@@ -9,6 +9,9 @@
    headline) against a ``hsextract serve`` subprocess on CPU whose start-up is not timed, in
    samples/s, against an in-process ``Engine(dump=False)`` fed the same truncated samples under the
    extractor's rids at the same concurrency. The two alternate by repeat; medians are reported.
+   By default each forward holds one request (--max-batch-tokens 1): the engine batches whatever
+   has arrived, and arrival timing differs between HTTP and in-process submission, so larger
+   batches would measure batch formation rather than the extractor's overhead.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any
 
 import httpx
 import torch
+import transformers
 
 from hsextract.config import ExtractConfig
 from hsextract.dataset import Sample, iter_raw_rows, validate_row
@@ -49,11 +53,6 @@ VOCAB = 4096
 MAX_SEQ_LEN: int = ExtractConfig.model_fields["max_seq_len"].default  # the extractor's truncation
 
 
-def _median_rate(nbytes: list[int], seconds: list[float]) -> float:
-    return statistics.median(b / s for b, s in zip(nbytes, seconds, strict=True))
-
-
-# -- 1. pack against copy ----------------------------------------------------------------------------------
 def _pack(dumps: list[Path], samples: list[Sample], out: Path) -> int:
     """The pipeline's pack stage over every dump; returns the .ckpt bytes written."""
     fmt = SpecForgeFormat(out)
@@ -62,12 +61,9 @@ def _pack(dumps: list[Path], samples: list[Sample], out: Path) -> int:
 
 def _copy(dumps: list[Path], out: Path) -> int:
     out.mkdir(parents=True)
-    total = 0
     for index, directory in enumerate(dumps):
-        target = out / f"{index}.safetensors"
-        shutil.copyfile(directory / HIDDEN_FILE, target)
-        total += target.stat().st_size
-    return total
+        shutil.copyfile(directory / HIDDEN_FILE, out / f"{index}.safetensors")
+    return sum(path.stat().st_size for path in out.iterdir())
 
 
 def bench_pack(root: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -81,8 +77,8 @@ def bench_pack(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     samples = [Sample(row, ids.tolist(), [1] * t, t) for row in range(args.dumps)]
     seconds: dict[str, list[float]] = {"pack": [], "copy": []}
     nbytes: dict[str, list[int]] = {"pack": [], "copy": []}
+    meta = {"layer_ids": list(range(k))}
     for repeat in range(args.repeats):
-        meta = {"layer_ids": list(range(k))}
         dumps = [write_dump(root / "dumps", make_rid(s.row, t), ids, aux, final, meta, prenorm) for s in samples]
         for stage in ("pack", "copy") if repeat % 2 == 0 else ("copy", "pack"):
             os.sync()  # neither stage pays for the other's (or the dumps') writeback
@@ -92,7 +88,9 @@ def bench_pack(root: Path, args: argparse.Namespace) -> dict[str, Any]:
             nbytes[stage].append(size)
         for name in ("dumps", "pack", "copy"):
             shutil.rmtree(root / name)
-    pack_rate, copy_rate = _median_rate(nbytes["pack"], seconds["pack"]), _median_rate(nbytes["copy"], seconds["copy"])
+    pack_rate, copy_rate = (
+        statistics.median(b / s for b, s in zip(nbytes[x], seconds[x], strict=True)) for x in ("pack", "copy")
+    )
     pairs = zip(nbytes["pack"], seconds["pack"], nbytes["copy"], seconds["copy"], strict=True)
     paired = [(pack_b / pack_s) / (copy_b / copy_s) for pack_b, pack_s, copy_b, copy_s in pairs]
     return {
@@ -107,7 +105,6 @@ def bench_pack(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-# -- 2. end to end against the forward -------------------------------------------------------------------
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -116,16 +113,15 @@ def _free_port() -> int:
 
 def _wait_healthy(url: str, server: subprocess.Popen[bytes], timeout_s: float, log_path: Path) -> None:
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"hsextract serve exited with {server.returncode}; see {log_path}")
+    while time.monotonic() < deadline and server.poll() is None:
         try:
             if httpx.get(f"{url}/health_generate", timeout=30.0).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.25)
-    raise RuntimeError(f"hsextract serve not healthy within {timeout_s:.0f} s; see {log_path}")
+    tail = log_path.read_text(errors="replace")[-3000:]  # the log goes with the work dir: show it now
+    raise RuntimeError(f"hsextract serve did not become healthy (exit code {server.poll()}); its log ends:\n{tail}")
 
 
 def load_samples(data: Path) -> list[Sample]:
@@ -135,13 +131,8 @@ def load_samples(data: Path) -> list[Sample]:
 
 def forward_seconds(model: Path, samples: list[Sample], args: argparse.Namespace) -> float:
     """Seconds for an in-process Engine, dumping off, to prefill every sample at the given concurrency."""
-    engine = Engine(
-        model,
-        Path("/nonexistent-dumping-off"),
-        chunked_prefill_size=args.chunked_prefill_size,
-        max_batch_tokens=args.max_batch_tokens,
-        dump=False,
-    )
+    chunk, batch_tokens = args.chunked_prefill_size, args.max_batch_tokens
+    engine = Engine(model, Path("/nonexistent"), chunked_prefill_size=chunk, max_batch_tokens=batch_tokens, dump=False)
     try:
         engine.submit("warmup", [0]).result()  # as the server's health check warms it before extraction
         futures: list[Future[dict[str, Any]]] = []
@@ -183,9 +174,7 @@ def bench_e2e(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     command = [sys.executable, "-m", "hsextract", "serve", "--model", str(model), "--dump-dir", str(dump_dir), *sizes.split()]
     with open(log_path, "wb") as server_log:
         server = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT)
-    fwd: list[float] = []
-    e2e: list[float] = []
-    plan: list[float] = []
+    fwd, e2e, plan = [], [], []  # seconds per repeat
     try:
         _wait_healthy(url, server, 300.0, log_path)
         for repeat in range(args.e2e_repeats):  # alternating, so drift on a shared machine hits both alike
@@ -213,6 +202,7 @@ def bench_e2e(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         "e2e_samples_per_s_excluding_plan": n / no_plan_s,
         "e2e_tokens_per_s": tokens / e2e_s,
         "forward_tokens_per_s": tokens / forward_s,
+        "e2e_vs_forward_ratio_per_repeat": [f / e for f, e in zip(fwd, e2e, strict=True)],
         "e2e_seconds": e2e,
         "forward_seconds": fwd,
         "plan_seconds_estimate": plan,
@@ -221,7 +211,6 @@ def bench_e2e(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-# -- main --------------------------------------------------------------------------------------------------
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
@@ -233,7 +222,7 @@ def parse_args() -> argparse.Namespace:
     add("--tokens", type=int, default=2048, help="tokens T per dump (default: %(default)s)")
     add("--aux", type=int, default=3, help="aux layers K per dump (default: %(default)s)")
     add("--hidden", type=int, default=2048, help="hidden size H of the bfloat16 dumps (default: %(default)s)")
-    add("--prenorm", action="store_true", help="dumps also hold final_prenorm_hidden_state, as the embedded server writes")
+    add("--prenorm", action="store_true", help="dumps also hold final_prenorm_hidden_state (copied, not packed)")
     add("--repeats", type=int, default=5, help="pack/copy repeats, order alternating (default: %(default)s)")
     add("--shm", action=argparse.BooleanOptionalAction, default=True, help="also measure pack/copy on /dev/shm (default: on)")
     add("--model-hidden", type=int, default=256, help="tiny deepseek_v3 model's hidden size (default: %(default)s)")
@@ -243,7 +232,9 @@ def parse_args() -> argparse.Namespace:
     add("--max-len", type=int, default=6000, help=f"longest row, >= 4200; truncated to {MAX_SEQ_LEN} (default: %(default)s)")
     add("--concurrency", type=int, default=8, help="requests in flight, both measurements (default: %(default)s)")
     add("--chunked-prefill-size", type=int, default=2048, help="both measurements (default: %(default)s)")
-    add("--max-batch-tokens", type=int, default=8192, help="both measurements (default: %(default)s)")
+    # 1 = one request per forward, so batch formation (which depends on arrival timing over HTTP)
+    # does not change the forward cost between the two measurements.
+    add("--max-batch-tokens", type=int, default=1, help="both measurements (default: %(default)s)")
     add("--e2e-repeats", type=int, default=2, help="forward and extract runs each (default: %(default)s)")
     args = parser.parse_args()
     if args.quick:
@@ -255,11 +246,11 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     def verdict(name: str) -> str:
         return f"{result[name]:.2f} (target >= {TARGETS[name]}: {'met' if result['met'][name] else 'MISSED'})"
 
-    def rates(prefix: str) -> str:
-        return f"pack {result[prefix + 'pack_bytes_per_s'] / 1e6:.0f} MB/s, copy {result[prefix + 'copy_bytes_per_s'] / 1e6:.0f} MB/s"
+    def rates(pre: str) -> str:
+        return f"pack {result[pre + 'pack_bytes_per_s'] / 1e6:.0f} MB/s, copy {result[pre + 'copy_bytes_per_s'] / 1e6:.0f} MB/s"
 
     lines = [
-        f"pack vs copy   {verdict('pack_vs_copy_ratio')}; {rates('')}; per-repeat median {result['pack_vs_copy_ratio_paired_median']:.2f}",
+        f"pack vs copy   {verdict('pack_vs_copy_ratio')}; {rates('')}; paired {result['pack_vs_copy_ratio_paired_median']:.2f}",
         f"e2e vs forward {verdict('e2e_vs_forward_ratio')}; e2e {result['e2e_samples_per_s']:.2f} samples/s, forward "
         f"{result['forward_samples_per_s']:.2f} samples/s; {result['e2e_vs_forward_ratio_excluding_plan']:.2f} without planning",
     ]
@@ -272,6 +263,7 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpcore", "hsextract", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     args = parse_args()
     args.work_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-core-", dir=args.work_dir))
@@ -291,13 +283,8 @@ def main() -> int:
             shutil.rmtree(shm, ignore_errors=True)
     result["targets"] = TARGETS
     result["met"] = {name: result[name] >= target for name, target in TARGETS.items()}
-    result["machine"] = {
-        "cpu_count": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-    }
+    machine = {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+    result["machine"] = {**machine, "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
     result["config"] = {
         **{key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
         "dump_dtype": "bfloat16",
