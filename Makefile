@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 WORK ?= work
 PYTEST_ARGS ?=
 
-.PHONY: help setup extract test lint bench deploy restart status logs clean
+.PHONY: help setup setup-sglang extract test lint bench deploy restart status logs clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -25,11 +25,18 @@ $(VENV)/.setup-done: extractor/pyproject.toml constraints.txt requirements-dev.t
 	$(BIN)/hsextract --version
 	touch $@
 
+setup-sglang: .venv-sglang/.setup-done  ## .venv-sglang: the real sglang 0.5.23 for contract tests (CPU)
+
+.venv-sglang/.setup-done: scripts/setup-sglang-venv.sh constraints-sglang.txt constraints.txt
+	PYTHON=$(PYTHON) scripts/setup-sglang-venv.sh .venv-sglang
+	touch $@
+
 extract: setup  ## run the main job on the embedded default (tiny DeepSeek-V3 model, sample data)
 	WORK=$(WORK) scripts/run-default.sh
 
-test: setup  ## run the test suite
-	$(BIN)/python -m pytest $(PYTEST_ARGS) tests
+test: setup setup-sglang  ## run the test suite (package tests, then SGLang contract tests)
+	$(BIN)/python -m pytest $(PYTEST_ARGS) --ignore=tests/sglang_contract tests
+	.venv-sglang/bin/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider tests/sglang_contract
 
 lint: setup  ## ruff and mypy on the package
 	$(BIN)/ruff check extractor tests bench
@@ -38,5 +45,5 @@ lint: setup  ## ruff and mypy on the package
 bench: setup  ## benchmarks; writes bench/results.json
 	$(BIN)/python bench/bench_core.py --out bench/results.json
 
-clean:  ## remove the venv and the default run's files
-	rm -rf $(VENV) $(WORK)
+clean:  ## remove the venvs and the default run's files
+	rm -rf $(VENV) .venv-sglang $(WORK)

@@ -17,6 +17,7 @@ from typing import Any
 from . import __version__
 from .config import ExtractConfig, ServeConfig, add_config_arguments, load_config
 from .errors import ConfigError, HsextractError
+from .launcher import SGLangLaunchConfig
 
 log = logging.getLogger("hsextract")
 
@@ -118,6 +119,13 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else EXIT_FATAL
 
 
+def _cmd_launch_sglang(args: argparse.Namespace) -> int:
+    from .launcher import SGLangLaunchConfig, launch
+
+    config: SGLangLaunchConfig = load_config(SGLangLaunchConfig, args)
+    return launch(config, dry_run=args.dry_run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hsextract",
@@ -159,6 +167,16 @@ def build_parser() -> argparse.ArgumentParser:
     extract = sub.add_parser("extract", help="extract hidden states from a running server into an output directory")
     add_config_arguments(extract, ExtractConfig)
     extract.set_defaults(func=_cmd_extract)
+
+    launcher = sub.add_parser(
+        "launch-sglang",
+        help="exec SGLang with the flags extraction needs (radix cache off, aux capture, dump hook)",
+        description="Build the SGLang command from the config, refuse settings that corrupt or lose data, "
+        "validate it with SGLang's own parser when importable, then exec it (or print it with --dry-run).",
+    )
+    add_config_arguments(launcher, SGLangLaunchConfig)
+    launcher.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    launcher.set_defaults(func=_cmd_launch_sglang)
 
     verify = sub.add_parser("verify", help="re-read an output directory and check every sample and total")
     verify.add_argument("output", type=Path, help="output directory of hsextract extract")

@@ -1,0 +1,293 @@
+"""Build, check and exec the SGLang command line that extraction needs.
+
+``hsextract launch-sglang --config FILE`` reads the YAML the Ansible role renders and execs
+``<ml-env python> -m sglang.launch_server ...`` with: the radix cache off (a cached prefix is never
+recomputed, so its rows would never be dumped), aux hidden-state capture for the configured layers,
+the dump hook, prefill CUDA graphs off (hooks do not run on graph replay), and the chunked prefill
+size. Settings that would corrupt or lose data are refused before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+import socket
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from .config import _Strict
+from .errors import ConfigError
+from .layers import capture_indices, resolve_aux_layer_ids
+
+log = logging.getLogger(__name__)
+
+#: flags the launcher owns: setting them through extra_args would bypass its checks
+_OWNED_FLAGS = {
+    "--model-path": "model_path",
+    "--model": "model_path",
+    "--tp-size": "tp_size",
+    "--tensor-parallel-size": "tp_size",
+    "--host": "host",
+    "--port": "port",
+    "--chunked-prefill-size": "chunked_prefill_size",
+    "--forward-hooks": "(set by the launcher)",
+    "--return-aux-hidden-state-layer-ids": "layer_ids",
+    "--enable-return-aux-hidden-states": "(set by the launcher)",
+    "--speculative-algorithm": "(set by the launcher)",
+    "--disable-radix-cache": "(always set)",
+    "--mem-fraction-static": "mem_fraction_static",
+    "--dp-size": "dp_size",
+}
+#: flags refused outright, with the reason
+_REFUSED_FLAGS = {
+    "--speculative-draft-model-path": "a draft model changes what the target computes per request; extraction needs none",
+    "--pp-size": "aux hidden-state capture works only with pipeline parallel size 1",
+    "--pipeline-parallel-size": "aux hidden-state capture works only with pipeline parallel size 1",
+    "--cuda-graph-backend-prefill": "prefill CUDA graphs replay without running Python hooks: nothing would be dumped",
+    "--enable-hierarchical-cache": "a prefix cache skips recomputing cached tokens, so their rows would never be dumped",
+}
+
+
+class SGLangLaunchConfig(_Strict):
+    """Options of ``hsextract launch-sglang`` (the YAML the Ansible role renders)."""
+
+    python: str = Field("/opt/ml-env/bin/python", description="absolute path of the ml-env interpreter that has sglang")
+    model_path: str = Field(description="model directory as the server sees it")
+    architecture: Literal["auto", "deepseek", "llama", "qwen2"] = Field(
+        "auto", description="how SGLang numbers aux layers for this model (auto: from config.json)"
+    )
+    num_hidden_layers: int | None = Field(None, gt=0, description="layer count (default: read from the model's config.json)")
+    tp_size: int = Field(1, gt=0, description="tensor parallel size")
+    dp_size: int = Field(1, gt=0, description="data parallel size (with enable_dp_attention: attention DP groups)")
+    enable_dp_attention: bool = Field(False, description="attention data parallelism")
+    host: str = Field("127.0.0.1", description="address the server listens on")
+    port: int = Field(30000, ge=1, le=65535, description="port the server listens on")
+    mem_fraction_static: float | None = Field(None, gt=0, lt=1, description="SGLang's static memory fraction")
+    chunked_prefill_size: int = Field(8192, description="tokens per extend pass (-1: no chunking); the hook assembles chunks")
+    disable_radix_cache: bool = Field(True, description="must stay true: a cached prefix is never recomputed nor dumped")
+    dump_dir: str = Field("/dev/shm/hsextract", description="dump root (tmpfs) the extractor reads")
+    rid_prefix: str = Field("hsx", description="only rids <prefix>-<row>-n<tokens> are dumped")
+    layer_ids: list[int] | None = Field(None, description="aux layer ids, 0-based outputs (default [2, N//2, N-3])")
+    final_prenorm: bool = Field(False, description="also dump the final layer's pre-norm output (speculators format)")
+    enable_metrics: bool = Field(True, description="SGLang's own Prometheus /metrics")
+    trust_remote_code: bool = Field(True, description="pass --trust-remote-code (Kimi-K2.5 needs it)")
+    hook_queue_size: int = Field(4, gt=0, description="extend batches waiting for the dump writer before the forward waits")
+    extra_args: list[str] = Field(default_factory=list, description="further SGLang flags, checked against the refused list")
+
+    @field_validator("python")
+    @classmethod
+    def _absolute_python(cls, value: str) -> str:
+        if not os.path.isabs(value):
+            raise ValueError(
+                f"python {value!r} is not an absolute path; give the ml-env interpreter by absolute path "
+                "(a bare python3 once started the server without SGLang's dev install)"
+            )
+        return value
+
+
+def _model_config(model_path: str) -> dict[str, Any]:
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return {**config, **config.get("text_config", {})} if isinstance(config, dict) else {}
+
+
+def _architecture(config: SGLangLaunchConfig, model_config: dict[str, Any]) -> str:
+    if config.architecture != "auto":
+        return config.architecture
+    names = " ".join([str(model_config.get("model_type", "")), *map(str, model_config.get("architectures") or [])]).lower()
+    for family in ("deepseek", "kimi", "llama", "qwen2"):
+        if family in names:
+            return "deepseek" if family == "kimi" else family
+    raise ConfigError(
+        f"cannot tell the architecture of {config.model_path} (config.json not readable or unknown model_type); "
+        "set architecture: deepseek, llama or qwen2"
+    )
+
+
+def sglang_capture(architecture: str, layer_id_arg: list[int], num_layers: int) -> list[int]:
+    """``layers_to_capture`` that SGLang sets for ``--return-aux-hidden-state-layer-ids``.
+
+    Uses the installed SGLang's own ``set_eagle3_layers_to_capture`` when it imports; otherwise the
+    rules of the pinned 0.5.23 (DeepSeek: the ids as given, +1 only when the first id is 1;
+    llama/qwen2: always +1)."""
+    try:
+        method = _sglang_method(architecture)
+    except Exception as exc:  # sglang not installed here (a dry run elsewhere): the pinned rules
+        log.debug("sglang not importable (%s); using the 0.5.23 capture rules", exc)
+        if architecture == "deepseek":
+            return [i + 1 for i in layer_id_arg] if layer_id_arg and layer_id_arg[0] == 1 else list(layer_id_arg)
+        return [i + 1 for i in layer_id_arg]
+    from types import SimpleNamespace
+
+    stand_in = SimpleNamespace(
+        pp_group=SimpleNamespace(is_last_rank=True),
+        config=SimpleNamespace(num_hidden_layers=num_layers),
+        model=SimpleNamespace(layers_to_capture=[]),
+        capture_aux_hidden_states=False,
+    )
+    method(stand_in, list(layer_id_arg))
+    return list(stand_in.model.layers_to_capture)
+
+
+def _sglang_method(architecture: str) -> Any:
+    if architecture == "deepseek":
+        from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM
+
+        return DeepseekV2ForCausalLM.set_eagle3_layers_to_capture
+    if architecture == "llama":
+        from sglang.srt.models.llama import LlamaForCausalLM
+
+        return LlamaForCausalLM.set_eagle3_layers_to_capture
+    from sglang.srt.models.qwen2 import Qwen2ForCausalLM
+
+    return Qwen2ForCausalLM.set_eagle3_layers_to_capture
+
+
+def layer_id_argument(architecture: str, aux_layer_ids: list[int], num_layers: int) -> list[int]:
+    """The ``--return-aux-hidden-state-layer-ids`` values that make SGLang capture exactly
+    ``aux_layer_ids + 1``, whatever arithmetic this version applies; refuse when none does."""
+    wanted = capture_indices(aux_layer_ids)
+    for candidate in (wanted, list(aux_layer_ids)):
+        if sglang_capture(architecture, candidate, num_layers) == wanted:
+            return candidate
+    raise ConfigError(
+        f"no --return-aux-hidden-state-layer-ids value makes SGLang ({architecture}) capture {wanted} for layer_ids "
+        f"{aux_layer_ids}; choose other layer_ids (a first layer id of 0 collides with SGLang's 'first id 1' rule)"
+    )
+
+
+def _check_extra_args(extra: list[str]) -> None:
+    for arg in extra:
+        flag = arg.split("=", 1)[0]
+        if flag in _REFUSED_FLAGS:
+            raise ConfigError(f"extra_args {arg!r} refused: {_REFUSED_FLAGS[flag]}")
+        if flag in _OWNED_FLAGS:
+            raise ConfigError(f"extra_args {arg!r} refused: the launcher sets {flag}; use the config key {_OWNED_FLAGS[flag]}")
+
+
+def hook_specs(config: SGLangLaunchConfig, aux_layer_ids: list[int]) -> list[dict[str, Any]]:
+    hook_config = {
+        "dump_dir": config.dump_dir,
+        "rid_prefix": config.rid_prefix,
+        "layer_ids": aux_layer_ids,
+        "model_path": config.model_path,
+        "queue_size": config.hook_queue_size,
+        "final_prenorm": config.final_prenorm,
+    }
+    specs = [
+        {
+            "name": "hsextract_dump",
+            "target_modules": ["logits_processor"],
+            "hook_factory": "hsextract.sglang_hook:make_hook",
+            "config": hook_config,
+        }
+    ]
+    if config.final_prenorm:
+        specs.append(
+            {
+                "name": "hsextract_prenorm",
+                "target_modules": ["model.norm"],
+                "hook_factory": "hsextract.sglang_hook:make_prenorm_hook",
+                "config": hook_config,
+            }
+        )
+    return specs
+
+
+def build_command(config: SGLangLaunchConfig) -> list[str]:
+    """The full argv; raises ConfigError for any setting that would corrupt or lose data."""
+    if not config.disable_radix_cache:
+        raise ConfigError(
+            "disable_radix_cache is false: the radix cache skips recomputing cached prefixes, so their rows are "
+            "never dumped; set disable_radix_cache: true"
+        )
+    if config.chunked_prefill_size != -1 and config.chunked_prefill_size < 1:
+        raise ConfigError(f"chunked_prefill_size {config.chunked_prefill_size} must be -1 (off) or positive")
+    _check_extra_args(config.extra_args)
+    model_config = _model_config(config.model_path)
+    num_layers = config.num_hidden_layers or model_config.get("num_hidden_layers")
+    if not num_layers:
+        raise ConfigError(
+            f"the layer count of {config.model_path} is unknown (no readable config.json); set num_hidden_layers"
+        )
+    aux = resolve_aux_layer_ids(config.layer_ids, int(num_layers))
+    architecture = _architecture(config, model_config)
+    ids_arg = layer_id_argument(architecture, aux, int(num_layers))
+    argv = [
+        config.python, "-m", "sglang.launch_server",
+        "--model-path", config.model_path,
+        "--tp-size", str(config.tp_size),
+        "--host", config.host,
+        "--port", str(config.port),
+        "--disable-radix-cache",
+        "--chunked-prefill-size", str(config.chunked_prefill_size),
+        "--disable-prefill-cuda-graph",
+        "--enable-return-aux-hidden-states",
+        "--speculative-algorithm", "EAGLE3",
+        "--return-aux-hidden-state-layer-ids", *map(str, ids_arg),
+        "--forward-hooks", json.dumps(hook_specs(config, aux), separators=(",", ":")),
+    ]  # fmt: skip
+    if config.mem_fraction_static is not None:
+        argv += ["--mem-fraction-static", str(config.mem_fraction_static)]
+    if config.dp_size > 1:
+        argv += ["--dp-size", str(config.dp_size)]
+    if config.enable_dp_attention:
+        argv.append("--enable-dp-attention")
+    if config.enable_metrics:
+        argv.append("--enable-metrics")
+    if config.trust_remote_code:
+        argv.append("--trust-remote-code")
+    return argv + list(config.extra_args)
+
+
+def validate_with_sglang(argv: list[str]) -> bool:
+    """Parse the arguments with SGLang's own parser when it imports; False when it does not."""
+    try:
+        from sglang.srt.server_args import ServerArgs
+    except Exception as exc:
+        log.warning("sglang is not importable here (%s): the command was not checked by its parser", exc)
+        return False
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    try:
+        namespace = parser.parse_args(argv[3:])
+    except (argparse.ArgumentError, SystemExit) as exc:
+        raise ConfigError(f"SGLang's argument parser rejects the command: {exc}") from None
+    ServerArgs.from_cli_args(namespace)
+    return True
+
+
+def check_port_free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            raise ConfigError(
+                f"port {port} on {host} is in use (a zombie server?); reclaim it with `fuser -k {port}/tcp` "
+                "(make restart does) and start again"
+            ) from None
+
+
+def launch(config: SGLangLaunchConfig, dry_run: bool = False) -> int:
+    argv = build_command(config)
+    validated = validate_with_sglang(argv)
+    if dry_run:
+        print(shlex.join(argv), flush=True)
+        if validated:
+            log.info("dry run: SGLang's own argument parser accepts the command")
+        return 0
+    if not os.access(config.python, os.X_OK):
+        raise ConfigError(f"python {config.python} does not exist or is not executable; install the ml-env there or fix python")
+    check_port_free(config.host, config.port)
+    Path(config.dump_dir).mkdir(parents=True, exist_ok=True)
+    log.info("exec %s", shlex.join(argv))
+    os.execv(config.python, argv)
+    return 0  # not reached

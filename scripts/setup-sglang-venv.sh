@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# .venv-sglang: the real sglang==0.5.23 for contract tests on a CPU machine, kept out of .venv.
+# sglang goes in with --no-deps (its full set is GPU-only) plus the light packages its modules
+# import; torch 2.14.1 and torchvision 0.29.1 are what it pins (the CUDA build imports fine on a CPU).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${1:-.venv-sglang}
+PY=${PYTHON:-python3}
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+"$PY" -m venv "$VENV"
+PIP="$VENV/bin/pip"
+"$PIP" install -q --no-deps sglang==0.5.23
+"$PIP" install -q torch==2.14.1 torchvision==0.29.1
+"$PIP" install -q -c constraints-sglang.txt \
+  numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic pyzmq tqdm \
+  ipython aiohttp dill einops gguf partial-json-parser transformers tokenizers apache-tvm-ffi \
+  sentencepiece compressed-tensors openai
+# hsextract itself, without re-resolving torch
+"$PIP" install -q --no-deps -e extractor
+"$PIP" install -q -c constraints.txt safetensors httpx prometheus-client pyyaml pytest pytest-timeout
+"$VENV/bin/python" -W ignore -c "
+from sglang.srt.model_executor.hook_manager import register_forward_hooks
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM
+import sglang, hsextract.sglang_hook
+print('sglang', sglang.__version__, 'imports in', '$VENV')
+"

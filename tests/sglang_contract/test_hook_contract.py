@@ -1,0 +1,146 @@
+"""The dump hook against SGLang's own hook registration, LogitsProcessor and ForwardBatch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from sglang.srt.runtime_context import get_parallel
+
+from hsextract import sglang_hook
+from hsextract.dumps import dump_state, read_dump, read_error
+from hsextract.launcher import SGLangLaunchConfig, hook_specs
+from hsextract.rids import make_rid
+
+from .conftest import H, decode_batch, extend_batch
+
+K = 3
+LAYERS = [2, 4, 5]
+
+
+def specs(dump_dir: Path, **extra: Any) -> list[dict[str, Any]]:
+    config = SGLangLaunchConfig(model_path="/m", dump_dir=str(dump_dir), num_hidden_layers=8, **extra)
+    return hook_specs(config, LAYERS)
+
+
+def states(n: int, padding: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    hidden = torch.randn(n + padding, H)
+    aux = torch.randn(n + padding, K * H)
+    return hidden, aux
+
+
+def test_several_requests_padding_and_foreign_rids_packed_aux(served, tmp_path: Path) -> None:
+    run = served(specs(tmp_path / "dumps"))
+    a, b = make_rid(10, 5), make_rid(11, 3)
+    rids = ["HEALTH_CHECK_123", a, "warmup_req", b]
+    batch = extend_batch(rids, [0, 0, 0, 0], [1, 5, 2, 3], padding=4)
+    hidden, aux = states(11, padding=4)
+    out = run.forward(batch, hidden, aux)
+    assert out.next_token_logits is not None  # the forward itself is unchanged
+    run.flush()
+    assert sorted(p.name for p in (tmp_path / "dumps").iterdir()) == sorted([a, b])
+    for rid, start, n in ((a, 1, 5), (b, 8, 3)):
+        dump = read_dump(tmp_path / "dumps" / rid)
+        assert torch.equal(dump.input_ids, batch.input_ids[start : start + n])
+        assert torch.equal(dump.final_hidden_state, hidden[start : start + n])
+        assert torch.equal(dump.aux_hidden_states, aux[start : start + n].view(n, K, H))
+        assert dump.meta["layer_ids"] == LAYERS and dump.meta["capture_indices"] == [3, 5, 6]
+        assert dump.meta["engine"] == "sglang" and dump.meta["engine_version"] == "0.5.23"
+
+
+def test_prompt_split_over_two_chunks_in_different_batches_list_aux(served, tmp_path: Path) -> None:
+    run = served(specs(tmp_path / "dumps"))
+    rid = make_rid(7, 9)
+    first = extend_batch([rid], [0], [6])
+    hidden1, aux1 = torch.randn(6, H), [torch.randn(6, H) for _ in range(K)]
+    run.forward(first, hidden1, aux1)
+    run.flush()
+    assert dump_state(tmp_path / "dumps" / rid) == "pending"
+    other = make_rid(8, 2)
+    second = extend_batch([other, rid], [0, 6], [2, 3], padding=3)
+    hidden2, aux2 = torch.randn(8, H), [torch.randn(8, H) for _ in range(K)]
+    run.forward(second, hidden2, aux2)
+    run.flush()
+    dump = read_dump(tmp_path / "dumps" / rid)
+    assert torch.equal(dump.input_ids, torch.cat([first.input_ids[:6], second.input_ids[2:5]]))
+    assert torch.equal(dump.final_hidden_state, torch.cat([hidden1, hidden2[2:5]]))
+    for k in range(K):
+        assert torch.equal(dump.aux_hidden_states[:, k], torch.cat([aux1[k], aux2[k][2:5]]))
+    assert dump.meta["extend_passes"] == 2
+    assert read_dump(tmp_path / "dumps" / other).input_ids.shape == (2,)
+
+
+def test_retracted_request_prefilled_again_writes_the_same_dump(served, tmp_path: Path) -> None:
+    run = served(specs(tmp_path / "dumps"))
+    rid = make_rid(3, 4)
+    batch = extend_batch([rid], [0], [4])
+    hidden, aux = states(4)
+    run.forward(batch, hidden, aux)
+    run.flush()
+    before = (tmp_path / "dumps" / rid / "hidden.safetensors").read_bytes()
+    run.forward(batch, hidden, aux)
+    run.flush()
+    assert (tmp_path / "dumps" / rid / "hidden.safetensors").read_bytes() == before
+
+
+def test_decode_batches_dump_nothing(served, tmp_path: Path) -> None:
+    run = served(specs(tmp_path / "dumps"))
+    rid = make_rid(1, 3)
+    run.forward(decode_batch([rid, make_rid(2, 5)], [4, 6]), torch.randn(2, H), torch.randn(2, K * H))
+    run.flush()
+    assert not any((tmp_path / "dumps").iterdir())
+
+
+def test_hostile_rids_never_become_paths(served, tmp_path: Path) -> None:
+    run = served(specs(tmp_path / "dumps"))
+    rids = ["hsx-../../x-n3", "hsx-000000001-n3/../../y", "../hsx-000000001-n3"]
+    batch = extend_batch(rids, [0, 0, 0], [3, 3, 3])
+    run.forward(batch, *states(9))
+    run.flush()
+    assert not any((tmp_path / "dumps").iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dumps"]
+
+
+def test_missing_aux_leaves_an_error_marker_and_never_raises(served, tmp_path: Path) -> None:
+    run = served(specs(tmp_path / "dumps"))
+    rid = make_rid(5, 2)
+    out = run.forward(extend_batch([rid], [0], [2]), torch.randn(2, H), None)
+    assert out.next_token_logits.shape[0] == 1
+    assert dump_state(tmp_path / "dumps" / rid) == "error"
+    assert "--enable-return-aux-hidden-states" in read_error(tmp_path / "dumps" / rid)
+
+
+def test_wrong_number_of_aux_layers_is_an_error_marker(served, tmp_path: Path) -> None:
+    run = served(specs(tmp_path / "dumps"))
+    rid = make_rid(6, 2)
+    run.forward(extend_batch([rid], [0], [2]), torch.randn(2, H), [torch.randn(2, H)] * 2)
+    assert "captures 2 aux layers" in read_error(tmp_path / "dumps" / rid)
+
+
+def test_prenorm_hook_on_model_norm(served, tmp_path: Path) -> None:
+    run = served(specs(tmp_path / "dumps", final_prenorm=True))
+    rid = make_rid(9, 4)
+    hidden, aux = states(4)
+    residual = torch.randn(4, H)
+    run.forward(extend_batch([rid], [0], [4]), hidden, aux, residual=residual)
+    run.flush()
+    dump = read_dump(tmp_path / "dumps" / rid)
+    assert dump.final_prenorm_hidden_state is not None
+    assert torch.allclose(dump.final_prenorm_hidden_state, hidden + residual)
+    total = hidden + residual
+    assert torch.allclose(dump.final_hidden_state, total / total.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt())
+
+
+def test_only_the_writer_rank_registers_a_hook(published_server_args, tmp_path: Path) -> None:
+    config = specs(tmp_path / "dumps")[0]["config"]
+    single = dict(tp_size=1, attn_tp_size=1, attn_dp_size=1, attn_cp_size=1, attn_cp_rank=0, moe_ep_size=1, moe_dp_size=1)
+    with get_parallel().override(**{**single, "tp_size": 4, "attn_tp_size": 4, "moe_ep_size": 4, "tp_rank": 3, "attn_tp_rank": 3}):
+        assert sglang_hook.make_hook(config) is None
+    # attention DP, 2 groups of 2: TP rank 2 is attention-TP rank 0 of group 1, so it writes
+    dp = {**single, "tp_size": 4, "attn_tp_size": 2, "attn_dp_size": 2, "moe_ep_size": 4}
+    with get_parallel().override(**dp, tp_rank=2, attn_dp_rank=1, attn_tp_rank=0):
+        assert sglang_hook.make_hook(config) is not None
+    with get_parallel().override(**dp, tp_rank=3, attn_dp_rank=1, attn_tp_rank=1):
+        assert sglang_hook.make_hook(config) is None
+    sglang_hook._DUMPERS.pop(Path(config["dump_dir"])).sink.close()
