@@ -214,9 +214,7 @@ def build_command(config: SGLangLaunchConfig) -> list[str]:
     model_config = _model_config(config.model_path)
     num_layers = config.num_hidden_layers or model_config.get("num_hidden_layers")
     if not num_layers:
-        raise ConfigError(
-            f"the layer count of {config.model_path} is unknown (no readable config.json); set num_hidden_layers"
-        )
+        raise ConfigError(f"the layer count of {config.model_path} is unknown (no readable config.json); set num_hidden_layers")
     aux = resolve_aux_layer_ids(config.layer_ids, int(num_layers))
     architecture = _architecture(config, model_config)
     ids_arg = layer_id_argument(architecture, aux, int(num_layers))

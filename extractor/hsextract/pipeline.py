@@ -276,9 +276,7 @@ class Extraction:
                 self.stop.set()
                 raise
 
-    def _finished(
-        self, future: Future[None], *, sample: Sample, slots: threading.BoundedSemaphore, progress: Progress
-    ) -> None:
+    def _finished(self, future: Future[None], *, sample: Sample, slots: threading.BoundedSemaphore, progress: Progress) -> None:
         self.metrics.inflight.dec()
         slots.release()
         if future.exception() is not None:  # a bug, not a sample problem: stop the run loudly

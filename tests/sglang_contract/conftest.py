@@ -124,9 +124,7 @@ class Served:
         self.model = TinyServedModel()
         register_forward_hooks(self.model, specs)
 
-    def forward(
-        self, batch: ForwardBatch, hidden: torch.Tensor, aux: Any, residual: torch.Tensor | None = None
-    ) -> Any:
+    def forward(self, batch: ForwardBatch, hidden: torch.Tensor, aux: Any, residual: torch.Tensor | None = None) -> Any:
         with get_parallel().override(tp_rank=0, attn_tp_rank=0, attn_dp_rank=0, attn_cp_rank=0, pp_rank=0):
             if residual is not None:
                 hidden, _ = self.model.model.norm(hidden, residual)

@@ -135,7 +135,9 @@ def test_prenorm_hook_on_model_norm(served, tmp_path: Path) -> None:
 def test_only_the_writer_rank_registers_a_hook(published_server_args, tmp_path: Path) -> None:
     config = specs(tmp_path / "dumps")[0]["config"]
     single = dict(tp_size=1, attn_tp_size=1, attn_dp_size=1, attn_cp_size=1, attn_cp_rank=0, moe_ep_size=1, moe_dp_size=1)
-    with get_parallel().override(**{**single, "tp_size": 4, "attn_tp_size": 4, "moe_ep_size": 4, "tp_rank": 3, "attn_tp_rank": 3}):
+    with get_parallel().override(
+        **{**single, "tp_size": 4, "attn_tp_size": 4, "moe_ep_size": 4, "tp_rank": 3, "attn_tp_rank": 3}
+    ):
         assert sglang_hook.make_hook(config) is None
     # attention DP, 2 groups of 2: TP rank 2 is attention-TP rank 0 of group 1, so it writes
     dp = {**single, "tp_size": 4, "attn_tp_size": 2, "attn_dp_size": 2, "moe_ep_size": 4}

@@ -64,7 +64,10 @@ def test_llama_command_parses() -> None:
     [
         ({"disable_radix_cache": False}, "radix cache skips recomputing cached prefixes"),
         ({"layer_ids": [2, 30, 61]}, r"contain \[61\], outside 0..59"),
-        ({"extra_args": ["--cuda-graph-backend-prefill", "breakable"]}, "prefill CUDA graphs replay without running Python hooks"),
+        (
+            {"extra_args": ["--cuda-graph-backend-prefill", "breakable"]},
+            "prefill CUDA graphs replay without running Python hooks",
+        ),
         ({"extra_args": ["--pp-size", "2"]}, "pipeline parallel size 1"),
         ({"extra_args": ["--tp-size=4"]}, "use the config key tp_size"),
         ({"extra_args": ["--speculative-draft-model-path", "/d"]}, "extraction needs none"),

@@ -1,0 +1,80 @@
+"""launch-sglang without SGLang installed: the command, the refusals, the exec."""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+KIMI = {
+    "python": "/opt/ml-env/bin/python",
+    "model_path": "/models/Kimi-K2.5",
+    "num_hidden_layers": 61,
+    "architecture": "deepseek",
+    "tp_size": 8,
+    "layer_ids": [2, 30, 58],
+}
+
+
+def launch(tmp_path: Path, config: dict[str, object], *flags: str) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "sglang.yaml"
+    path.write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "hsextract", "launch-sglang", "--config", str(path), *flags]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
+def test_dry_run_prints_the_full_command(tmp_path: Path) -> None:
+    result = launch(tmp_path, KIMI, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    argv = shlex.split(result.stdout)
+    assert argv[:3] == ["/opt/ml-env/bin/python", "-m", "sglang.launch_server"]
+    for flag in ("--disable-radix-cache", "--enable-return-aux-hidden-states", "--disable-prefill-cuda-graph", "--forward-hooks"):
+        assert flag in argv
+    assert argv[argv.index("--tp-size") + 1] == "8"
+    ids_at = argv.index("--return-aux-hidden-state-layer-ids")
+    assert argv[ids_at + 1 : ids_at + 4] == ["3", "31", "59"]  # DeepSeek in 0.5.23 takes capture indices
+
+
+def test_model_config_json_gives_layers_and_architecture(tmp_path: Path, model_dir) -> None:
+    config = {"python": "/usr/bin/python3", "model_path": str(model_dir("llama"))}
+    argv = shlex.split(launch(tmp_path, config, "--dry-run").stdout)
+    ids_at = argv.index("--return-aux-hidden-state-layer-ids")
+    assert argv[ids_at + 1 : ids_at + 4] == ["2", "4", "5"]  # llama adds one itself
+
+
+def test_refusals_name_the_setting_and_the_fix(tmp_path: Path) -> None:
+    cases = [
+        ({"python": "python3"}, "not an absolute path"),
+        ({"disable_radix_cache": False}, "set disable_radix_cache: true"),
+        ({"layer_ids": [2, 30, 60]}, "outside 0..59"),
+        ({"extra_args": ["--cuda-graph-backend-prefill=breakable"]}, "nothing would be dumped"),
+        ({"num_hidden_layers": None, "model_path": "/nowhere"}, "set num_hidden_layers"),
+        ({"tp_sise": 8}, "tp_sise"),
+    ]
+    for override, message in cases:
+        result = launch(tmp_path, {**KIMI, **override}, "--dry-run")
+        assert result.returncode == 2 and message in result.stderr, (override, result.stderr)
+        assert "Traceback" not in result.stderr
+
+
+def test_exec_runs_the_given_interpreter_and_refuses_a_busy_port(tmp_path: Path) -> None:
+    recorder = tmp_path / "ml-env-python"
+    recorder.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'argv.txt'}\n")
+    recorder.chmod(0o755)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = {**KIMI, "python": str(recorder), "port": port, "dump_dir": str(tmp_path / "dumps")}
+    result = launch(tmp_path, config)
+    assert result.returncode == 0, result.stderr
+    recorded = (tmp_path / "argv.txt").read_text()
+    assert recorded.startswith("-m sglang.launch_server --model-path /models/Kimi-K2.5")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", port))
+        busy.listen()
+        result = launch(tmp_path, config)
+    assert result.returncode == 2 and f"fuser -k {port}/tcp" in result.stderr
