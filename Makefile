@@ -11,7 +11,10 @@ TORCH_SPEC ?= torch==2.13.0
 WORK ?= work
 PYTEST_ARGS ?=
 
-.PHONY: help setup setup-sglang extract test lint bench deploy restart status logs clean
+.PHONY: help setup setup-sglang extract test lint bench clean
+
+# Deployment (Ansible) and monitoring targets live in their own files.
+include $(wildcard mk/*.mk)
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'

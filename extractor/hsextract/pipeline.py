@@ -127,7 +127,12 @@ class Extraction:
             )
         previous = read_data_config(cfg.output)
         if previous is not None:
-            for key, now in (("format", cfg.format), ("aux_layer_ids", aux), ("hidden_size", identity.hidden_size)):
+            for key, now in (
+                ("format", cfg.format),
+                ("aux_layer_ids", aux),
+                ("hidden_size", identity.hidden_size),
+                ("max_seq_len", cfg.max_seq_len),
+            ):
                 if previous.get(key) != now:
                     raise ConfigError(
                         f"output {cfg.output} already holds a run with {key}={previous.get(key)!r}, this run has "
@@ -330,6 +335,8 @@ class Extraction:
                 self.metrics.errors.labels("server").inc()
                 last_error = exc
             except DumpError as exc:
+                if self.stop.is_set():
+                    return  # interrupted while waiting: not a failure, the next run redoes the row
                 self.metrics.errors.labels(exc.reason).inc()
                 last_error = exc
             else:
@@ -341,6 +348,8 @@ class Extraction:
                 self.metrics.retries.inc()
                 self.stop.wait(min(30.0, 0.5 * 2**attempt))
         remove_dump(directory)
+        if self.stop.is_set():
+            return
         self._record_failed(manifest, sample.row, last_error)
 
     def _expectation(self, expect: DumpExpectation, dump: Dump) -> DumpExpectation:
