@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 WORK ?= work
 PYTEST_ARGS ?=
 
-.PHONY: help setup setup-sglang extract test lint bench clean
+.PHONY: help setup setup-sglang extract test lint bench bench-gpu clean
 
 # Deployment (Ansible) and monitoring targets live in their own files.
 include $(wildcard mk/*.mk)
@@ -47,6 +47,9 @@ lint: setup  ## ruff and mypy on the package
 
 bench: setup  ## benchmarks; writes bench/results.json
 	$(BIN)/python bench/bench_core.py --out bench/results.json
+
+bench-gpu:  ## on a GPU host: the SGLang hook's forward-thread hold time and dump rate; writes bench/results-gpu.json
+	PYTHONPATH=extractor $(or $(GPU_PYTHON),python3) bench/bench_hook_gpu.py --out bench/results-gpu.json
 
 clean:  ## remove the venvs and the default run's files
 	rm -rf $(VENV) .venv-sglang $(WORK)

@@ -1,22 +1,16 @@
 """GPU benchmark of the SGLang dump hook (``hsextract.sglang_hook``) on a Kimi-shaped extend batch.
 
-No SGLang: ``HiddenStateDumper`` is built directly and ``on_logits`` gets a stand-in forward batch
-(default 2 requests x 8192 tokens, 3 aux layers + final, hidden 7168, bf16, on the GPU), with the aux
-states as one packed ``[n, 3H]`` tensor (DeepSeek) and as a list of 3 ``[n, H]`` tensors. Each form:
-
-0. verify: one batch through the hook, read back and compared with the sources row for row.
-1. hold: host seconds of ``on_logits`` (perf_counter, no sync), a simulated forward (bf16 matmuls,
-   ~--forward-ms, default stream) running between batches so the side-stream copy and the writer
-   overlap compute; the forward's GPU time (CUDA events) with the hook against without it; medians
-   of ``pool.acquire``, ``_copy`` (copy launch) and ``sink.submit`` inside the call.
+No SGLang: ``HiddenStateDumper`` is built directly and ``on_logits`` gets a stand-in ForwardBatch (default
+2 requests x 8192 tokens, 3 aux layers + final, hidden 7168, bf16, on the GPU), the aux states packed
+``[n, 3H]`` (DeepSeek) and as a list of 3 ``[n, H]``. For each form, after one batch read back and compared:
+1. hold: host time of ``on_logits`` (no sync), a simulated forward (bf16 matmuls, ~--forward-ms, default
+   stream) between batches so the side-stream copy and the writer overlap compute; that forward's GPU
+   time (CUDA events) with the hook over without; medians of ``pool.acquire``, ``_copy``, ``sink.submit``.
 2. sustained: --batches batches back to back, then ``sink.flush()``: hidden.safetensors bytes over the
-   wall time, and the writer's seconds inside ``write_dump``. A cleaner thread deletes finished dumps,
-   so the dump root (/dev/shm) holds a few at a time.
+   wall time; the writer's time in ``write_dump``. A cleaner thread deletes finished dumps as they appear.
 3. naive: ``hidden.cpu()`` + ``aux.cpu()`` + ``input_ids.cpu()`` (pageable, synchronous).
-Context: the raw ``save_file`` rate for tensor dicts of one dump's size on the dump root.
-
-Writes JSON to --out and prints a summary. --cpu-smoke: tiny shapes on the CPU (the hook then copies
-synchronously) to check the script end to end; its numbers mean nothing.
+Context: raw ``save_file`` rate of one dump's tensors on the dump root. JSON to --out, a summary on stdout;
+--cpu-smoke: tiny shapes on the CPU to check the script end to end (its numbers mean nothing).
 """
 
 from __future__ import annotations
@@ -52,8 +46,7 @@ class Cleaner:
 
     def __init__(self, root: Path) -> None:
         self.root, self.bytes, self.dumps, self.errors = root, 0, 0, list[str]()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._stop, self._thread = threading.Event(), threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -83,10 +76,8 @@ class SimForward:
     def __init__(self, device: torch.device, tokens: int, hidden: int, target_s: float) -> None:
         self.cuda = device.type == "cuda"
         dtype = torch.bfloat16 if self.cuda else torch.float32
-        self.x = torch.randn(tokens, hidden, device=device, dtype=dtype)
-        self.y = torch.empty_like(self.x)
-        self.w = torch.randn(hidden, hidden, device=device, dtype=dtype) / hidden**0.5
-        self.steps = 10
+        self.x, self.y = (torch.randn(tokens, hidden, device=device, dtype=dtype) for _ in range(2))
+        self.w, self.steps = torch.randn(hidden, hidden, device=device, dtype=dtype) / hidden**0.5, 10
         self.launch()()  # warm-up
         self.steps = max(1, round(target_s / (self.launch()() / self.steps)))
 
@@ -103,16 +94,25 @@ class SimForward:
             host = time.perf_counter() - began
             return lambda: host
         end.record()
-        return lambda: (end.synchronize(), float(start.elapsed_time(end)) / 1e3)[1]
+
+        def wait() -> float:
+            end.synchronize()
+            return float(start.elapsed_time(end)) / 1e3
+
+        return wait
 
 
 class Probe:
-    """Times the hook's stages (wrapped on one dumper; ``last``: the last call) and the writer's write_dump."""
+    """Times the hook's stages (wrapped on one dumper) and the writer's write_dump: the last call, and totals."""
 
     def __init__(self, dumper: HiddenStateDumper) -> None:
-        self.last, self.write_s, self._originals = dict[str, float](), 0.0, list[tuple[Any, str, Any]]()
-        for name, owner, attr in (("acquire", dumper.pool, "acquire"), ("copy_launch", dumper, "_copy"),
-                                  ("submit", dumper.sink, "submit"), ("write", dump_sink, "write_dump")):
+        self.last, self.total, self._originals = dict[str, float](), dict[str, float](), list[tuple[Any, str, Any]]()
+        for name, owner, attr in (
+            ("acquire", dumper.pool, "acquire"),
+            ("copy_launch", dumper, "_copy"),
+            ("submit", dumper.sink, "submit"),
+            ("write", dump_sink, "write_dump"),
+        ):
             self._originals.append((owner, attr, getattr(owner, attr)))
             setattr(owner, attr, self._wrap(name, getattr(owner, attr)))
 
@@ -125,24 +125,16 @@ class Probe:
             began = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
-            finally:
-                if name == "write":  # on the writer thread
-                    self.write_s += time.perf_counter() - began
-                else:
-                    self.last[name] = time.perf_counter() - began
+            finally:  # "write" runs on the writer thread
+                self.last[name] = elapsed = time.perf_counter() - began
+                self.total[name] = self.total.get(name, 0.0) + elapsed
 
         return timed
 
 
 def ms(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
-    return {"median": 1e3 * statistics.median(ordered), "p90": 1e3 * p90, "max": 1e3 * ordered[-1], "n": len(ordered)}
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    ordered, n = sorted(values), len(values)
+    return {"median": 1e3 * statistics.median(ordered), "p90": 1e3 * ordered[min(n - 1, int(0.9 * n))], "max": 1e3 * ordered[-1]}
 
 
 class Bench:
@@ -161,7 +153,10 @@ class Bench:
         self.row += self.args.requests
         batch = SimpleNamespace(  # what the hook reads of SGLang's ForwardBatch
             forward_mode=SimpleNamespace(is_extend_without_speculative=lambda: True),
-            rids=rids, extend_seq_lens_cpu=[t] * len(rids), extend_prefix_lens_cpu=[0] * len(rids))
+            rids=rids,
+            extend_seq_lens_cpu=[t] * len(rids),
+            extend_prefix_lens_cpu=[0] * len(rids),
+        )
         aux = self.aux_packed if form == "packed" else self.aux_list
         began = time.perf_counter()
         dumper.on_logits((self.input_ids, self.hidden, None, batch, aux))
@@ -171,8 +166,7 @@ class Bench:
         first, t = self.row, self.args.tokens
         self.call(dumper, form)
         dumper.sink.flush()
-        packed = self.aux_packed.view(len(self.hidden), -1, self.args.hidden)
-        aux = packed if form == "packed" else torch.stack(self.aux_list, dim=1)
+        aux = self.aux_packed.view(len(self.hidden), -1, self.args.hidden) if form == "packed" else torch.stack(self.aux_list, 1)
         ok = True
         for r in range(self.args.requests):
             rows = slice(r * t, (r + 1) * t)
@@ -202,86 +196,83 @@ class Bench:
             stages.append(dict(probe.last))
             fwd.append(wait())  # the next forward overlaps this batch's copy and write, as in a server
         dumper.sink.flush()
-        sync()
         plain_fwd += [self.forward.launch()() for _ in range(half)]
         # 2. sustained: back to back.
         done = (warmup + args.batches) * args.requests
         cleaner.wait_for(done)
-        before_bytes, probe.write_s = cleaner.bytes, 0.0
+        before_bytes, before_write = cleaner.bytes, probe.total.get("write", 0.0)
         began = time.perf_counter()
         burst_holds = [self.call(dumper, form) for _ in range(args.batches)]
         dumper.sink.flush()
-        elapsed = time.perf_counter() - began
-        write_s = probe.write_s
+        elapsed, write_s = time.perf_counter() - began, probe.total["write"] - before_write
         cleaner.wait_for(done + args.batches * args.requests, stop=True)
         written, removed = cleaner.bytes - before_bytes, cleaner.dumps - done
         probe.close()
-        failed = dumper.sink.dumps_failed
         dumper.sink.close()
-        # 3. naive: pageable, synchronous.
+        # 3. naive: pageable, synchronous (nothing is queued on the GPU: the flush waited for every copy).
         naive = []
         for _ in range(args.naive_reps):
-            sync()
             began = time.perf_counter()
             self.hidden.cpu()
             _ = [a.cpu() for a in self.aux_list] if form == "list" else self.aux_packed.cpu()
             self.input_ids.cpu()
             naive.append(time.perf_counter() - began)
         hold = ms(holds)
-        breakdown = {k: 1e3 * statistics.median(s.get(k, 0.0) for s in stages) for k in ("acquire", "copy_launch", "submit")}
-        breakdown["other"] = hold["median"] - sum(breakdown.values())
+        breakdown: dict[str, Any] = {k: ms([s.get(k, 0.0) for s in stages]) for k in ("acquire", "copy_launch", "submit")}
+        breakdown["other_median"] = hold["median"] - sum(v["median"] for v in breakdown.values())
         plain, hooked = statistics.median(plain_fwd), statistics.median(fwd)
         return {
             "verified_readback": verified,
             "hold_ms": hold,
-            "hold_breakdown_median_ms": breakdown,
+            "hold_breakdown_ms": breakdown,
             "forward_s": {"without_hook_median": plain, "with_hook_median": hooked, "ratio": hooked / plain},
-            "sustained": {"batches": args.batches, "bytes": written, "seconds": elapsed, "gb_per_s": written / elapsed / GB,
-                          "dumps_removed": removed, "hold_ms": ms(burst_holds), "writer_write_dump_s": write_s,
-                          "write_dump_gb_per_s": written / write_s / GB if write_s else None},
+            "sustained": {
+                "batches": args.batches,
+                "bytes": written,
+                "seconds": elapsed,
+                "gb_per_s": written / elapsed / GB,
+                "dumps_removed": removed,
+                "hold_ms": ms(burst_holds),
+                "writer_write_dump_s": write_s,
+                "write_dump_gb_per_s": written / write_s / GB if write_s else None,
+            },
             "naive_ms": ms(naive),
             "naive_over_hook_hold": statistics.median(naive) / statistics.median(holds),
-            "dumps_failed": failed,
+            "dumps_failed": dumper.sink.dumps_failed,
             "errors": cleaner.errors[:5],
         }
 
     def raw_save_rate(self) -> dict[str, float]:
         t, h, k = self.args.tokens, self.args.hidden, len(self.args.layer_ids)
-        tensors = {"input_ids": torch.zeros(t, dtype=torch.int64), "aux_hidden_states": torch.randn(t, k, h).bfloat16(),
-                   "final_hidden_state": torch.randn(t, h).bfloat16()}
+        tensors = {
+            "input_ids": torch.zeros(t, dtype=torch.int64),
+            "aux_hidden_states": torch.randn(t, k, h).bfloat16(),
+            "final_hidden_state": torch.randn(t, h).bfloat16(),
+        }
         path, rates, size = self.root / "raw.safetensors", [], 0
         for _ in range(self.args.raw_reps):
             began = time.perf_counter()
             save_file(tensors, str(path))
-            elapsed, size = time.perf_counter() - began, path.stat().st_size
-            rates.append(size / elapsed / GB)
+            rates.append((size := path.stat().st_size) / (time.perf_counter() - began) / GB)
             path.unlink()
         return {"bytes_per_file": size, "gb_per_s_median": statistics.median(rates)}
-
-
-def pick_root(candidates: list[Path], need: int) -> Path:
-    for base in candidates:
-        if base.is_dir() and shutil.disk_usage(base).free >= need:
-            return Path(tempfile.mkdtemp(prefix="hsx-bench-", dir=base))
-    raise SystemExit(f"no dump root among {candidates} has {need / GB:.1f} GB free")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="JSON results file")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU: checks the script, measures nothing")
-    parser.add_argument("--dump-root", type=Path, default=Path("/dev/shm"),
-                        help="where dumps go (default /dev/shm; the temp dir if it lacks 6 batches of space)")
+    parser.add_argument("--dump-root", type=Path, default=Path("/dev/shm"), help="where dumps go; needs 6 batches free")
     parser.add_argument("--requests", type=int, default=2, help="requests per extend batch")
     parser.add_argument("--tokens", type=int, default=8192, help="tokens per request")
     parser.add_argument("--hidden", type=int, default=7168)
-    parser.add_argument("--layer-ids", type=lambda s: [int(x) for x in s.split(",")], default=[2, 30, 58],
-                        help="aux layers, comma-separated")
+    parser.add_argument(
+        "--layer-ids", type=lambda s: [int(x) for x in s.split(",")], default=[2, 30, 58], help="aux layers, comma-separated"
+    )
     parser.add_argument("--batches", type=int, default=20, help="timed batches per phase and aux form")
     parser.add_argument("--forward-ms", type=float, default=460.0, help="simulated forward time per batch")
-    parser.add_argument("--naive-reps", type=int, default=5)
-    parser.add_argument("--raw-reps", type=int, default=6)
     args = parser.parse_args()
+    args.naive_reps, args.raw_reps = 5, 6
     if args.cpu_smoke:
         args.tokens, args.hidden, args.batches, args.forward_ms, args.naive_reps, args.raw_reps = 64, 256, 4, 20.0, 2, 2
     elif not torch.cuda.is_available():
@@ -289,42 +280,62 @@ def main() -> None:
     device = torch.device("cpu" if args.cpu_smoke else "cuda")
     shm = shutil.disk_usage("/dev/shm") if Path("/dev/shm").is_dir() else None
     batch_bytes = args.requests * args.tokens * (args.hidden * (len(args.layer_ids) + 1) * 2 + 8)
-    root = pick_root([args.dump_root, Path(tempfile.gettempdir())], 6 * batch_bytes)
+    if shutil.disk_usage(args.dump_root).free < 6 * batch_bytes:
+        raise SystemExit(f"{args.dump_root} has less than {6 * batch_bytes / GB:.1f} GB free: pass another --dump-root")
+    root = Path(tempfile.mkdtemp(prefix="hsx-bench-", dir=args.dump_root))
     try:
         bench = Bench(args, device, root)
         result: dict[str, Any] = {
-            "env": {"gpu": torch.cuda.get_device_name() if device.type == "cuda" else "none (cpu smoke)",
-                    "torch": torch.__version__, "python": platform.python_version(), "cpus": os.cpu_count(),
-                    "dev_shm_total_gb": shm.total / GB if shm else None, "dump_root": str(root), "cpu_smoke": args.cpu_smoke},
-            "shapes": {"requests": args.requests, "tokens_per_request": args.tokens, "tokens": args.requests * args.tokens,
-                       "hidden": args.hidden, "layer_ids": args.layer_ids, "dtype": "bfloat16", "batch_bytes": batch_bytes},
+            "env": {
+                "gpu": torch.cuda.get_device_name() if device.type == "cuda" else "none (cpu smoke)",
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+                "cpus": os.cpu_count(),
+                "dev_shm_total_gb": shm.total / GB if shm else None,
+                "dump_root": str(root),
+                "cpu_smoke": args.cpu_smoke,
+            },
+            "shapes": {
+                "requests": args.requests,
+                "tokens_per_request": args.tokens,
+                "tokens": args.requests * args.tokens,
+                "hidden": args.hidden,
+                "layer_ids": args.layer_ids,
+                "dtype": "bfloat16",
+                "batch_bytes": batch_bytes,
+            },
             "simulated_forward": {"steps": bench.forward.steps, "target_ms": args.forward_ms},
             "raw_save_file": bench.raw_save_rate(),
             "aux_forms": {form: bench.measure_form(form) for form in ("packed", "list")},
         }
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    forms = result["aux_forms"]
-    worst_p90 = max(f["hold_ms"]["p90"] for f in forms.values())
-    worst_rate = min(f["sustained"]["gb_per_s"] for f in forms.values())
-    result["targets"] = {**TARGETS, "hold_p90_ms_worst": worst_p90, "hold_met": worst_p90 <= TARGETS["hold_p90_ms_max"],
-                         "sustained_gb_per_s_worst": worst_rate,
-                         "sustained_met": worst_rate >= TARGETS["sustained_gb_per_s_min"]}
+    forms = result["aux_forms"].values()
+    worst_p90, worst_rate = max(f["hold_ms"]["p90"] for f in forms), min(f["sustained"]["gb_per_s"] for f in forms)
+    result["targets"] = {
+        **TARGETS,
+        "hold_p90_ms_worst": worst_p90,
+        "hold_met": worst_p90 <= TARGETS["hold_p90_ms_max"],
+        "sustained_gb_per_s_worst": worst_rate,
+        "sustained_met": worst_rate >= TARGETS["sustained_gb_per_s_min"],
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    env = result["env"]
-    print(f"{env['gpu']}, torch {env['torch']}, {env['cpus']} CPUs, /dev/shm {env['dev_shm_total_gb'] or 0:.1f} GB, "
-          f"batch {batch_bytes / GB:.2f} GB; raw save_file {result['raw_save_file']['gb_per_s_median']:.2f} GB/s")
-    for form, r in forms.items():
-        h, b, s = r["hold_ms"], r["hold_breakdown_median_ms"], r["sustained"]
-        print(f"{form:6} hold median {h['median']:.2f} ms p90 {h['p90']:.2f} ms (acquire {b['acquire']:.2f}, copy launch "
-              f"{b['copy_launch']:.2f}, submit {b['submit']:.2f}); naive {r['naive_ms']['median']:.0f} ms "
-              f"(x{r['naive_over_hook_hold']:.0f}); forward ratio {r['forward_s']['ratio']:.3f}; sustained "
-              f"{s['gb_per_s']:.2f} GB/s (write_dump {s['write_dump_gb_per_s'] or 0:.2f} GB/s, back-to-back hold "
-              f"median {s['hold_ms']['median']:.0f} ms); verified {r['verified_readback']}, failed {r['dumps_failed']}")
-    t = result["targets"]
-    print(f"targets: hold p90 <= 10 ms: {t['hold_met']} ({worst_p90:.2f}); sustained >= 2 GB/s: {t['sustained_met']} "
-          f"({worst_rate:.2f})")
+    env, t = result["env"], result["targets"]
+    print(
+        f"{env['gpu']}, torch {env['torch']}, {env['cpus']} CPUs, /dev/shm {env['dev_shm_total_gb'] or 0:.1f} GB, "
+        f"batch {batch_bytes / GB:.2f} GB; raw save_file {result['raw_save_file']['gb_per_s_median']:.2f} GB/s"
+    )
+    for form, r in result["aux_forms"].items():
+        h, b, s = r["hold_ms"], r["hold_breakdown_ms"], r["sustained"]
+        print(
+            f"{form}: hold median {h['median']:.2f} p90 {h['p90']:.2f} ms (acquire {b['acquire']['median']:.2f}, copy "
+            f"{b['copy_launch']['median']:.2f}, submit {b['submit']['median']:.2f}); naive {r['naive_ms']['median']:.0f} ms "
+            f"(x{r['naive_over_hook_hold']:.0f}); fwd ratio {r['forward_s']['ratio']:.3f}; sustained {s['gb_per_s']:.2f} "
+            f"GB/s (write_dump {s['write_dump_gb_per_s'] or 0:.2f}, burst hold {s['hold_ms']['median']:.0f} ms); "
+            f"verified {r['verified_readback']}, failed {r['dumps_failed']}"
+        )
+    print(f"targets: hold p90 <= 10 ms {t['hold_met']} ({worst_p90:.2f}); >= 2 GB/s {t['sustained_met']} ({worst_rate:.2f})")
 
 
 if __name__ == "__main__":

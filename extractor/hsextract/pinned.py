@@ -22,13 +22,14 @@ class PinnedBuffer:
         self.ids = torch.empty(0, dtype=torch.int64)
         self.aux = self.final = self.prenorm = torch.empty(0)
 
-    def ensure(self, tokens: int, num_aux: int, hidden: int, dtype: torch.dtype) -> None:
-        """Grow (never shrink) to hold ``tokens`` rows of ``num_aux`` + 2 states."""
+    def ensure(self, tokens: int, num_aux: int, hidden: int, dtype: torch.dtype, prenorm: bool) -> None:
+        """Grow (never shrink) to hold ``tokens`` rows of ``num_aux`` + 1 states (+1 with ``prenorm``)."""
         states = tokens * hidden
         if self.ids.numel() < tokens:
             self.ids = torch.empty(tokens, dtype=torch.int64, pin_memory=self.pin)
         if self.final.dtype != dtype or self.final.numel() < states:
             self.final = torch.empty(states, dtype=dtype, pin_memory=self.pin)
+        if prenorm and (self.prenorm.dtype != dtype or self.prenorm.numel() < states):
             self.prenorm = torch.empty(states, dtype=dtype, pin_memory=self.pin)
         if self.aux.dtype != dtype or self.aux.numel() < states * num_aux:
             self.aux = torch.empty(states * num_aux, dtype=dtype, pin_memory=self.pin)
@@ -42,7 +43,7 @@ class PinnedPool:
         self._pin = pin
         self._cond = threading.Condition()
 
-    def acquire(self, tokens: int, num_aux: int, hidden: int, dtype: torch.dtype) -> PinnedBuffer:
+    def acquire(self, tokens: int, num_aux: int, hidden: int, dtype: torch.dtype, prenorm: bool = False) -> PinnedBuffer:
         with self._cond:
             while not self._free and self._created >= self._slots:
                 self._cond.wait()
@@ -51,7 +52,7 @@ class PinnedPool:
             else:
                 self._created += 1
                 buffer = PinnedBuffer(self._pin)
-        buffer.ensure(tokens, num_aux, hidden, dtype)
+        buffer.ensure(tokens, num_aux, hidden, dtype, prenorm)
         return buffer
 
     def release(self, buffer: PinnedBuffer) -> None:

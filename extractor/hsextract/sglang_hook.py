@@ -180,7 +180,7 @@ class HiddenStateDumper:
         if self.config.layer_ids is not None and num_aux != len(self.config.layer_ids):
             configured = list(self.config.layer_ids)
             raise RuntimeError(f"the server captures {num_aux} aux layers, the hook is configured for {configured}")
-        buffer = self.pool.acquire(rows, num_aux, width, hidden.dtype)
+        buffer = self.pool.acquire(rows, num_aux, width, hidden.dtype, prenorm=prenorm is not None)
         try:
             sources = [input_ids, hidden, *([aux] if isinstance(aux, torch.Tensor) else aux)]
             if prenorm is not None:
