@@ -11,20 +11,20 @@ TORCH_SPEC ?= torch==2.13.0
 WORK ?= work
 PYTEST_ARGS ?=
 
-.PHONY: help setup setup-sglang extract test lint bench bench-gpu clean
+.PHONY: help setup setup-sglang extract test test-docker lint bench bench-gpu clean
 
 # Deployment (Ansible) and monitoring targets live in their own files.
 include $(wildcard mk/*.mk)
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
 
 setup: $(VENV)/.setup-done  ## create .venv with hsextract and its test tools
 
 $(VENV)/.setup-done: extractor/pyproject.toml constraints.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
-	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e extractor -r requirements-dev.txt
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e 'extractor[ops]' -r requirements-dev.txt
 	$(BIN)/hsextract --version
 	touch $@
 
@@ -34,16 +34,26 @@ setup-sglang: .venv-sglang/.setup-done  ## .venv-sglang: the real sglang 0.5.23 
 	PYTHON=$(PYTHON) scripts/setup-sglang-venv.sh .venv-sglang
 	touch $@
 
-extract: setup  ## run the main job on the embedded default (tiny DeepSeek-V3 model, sample data)
+extract: setup  ## the main job: on the configured inventory's containers, else the embedded default (tiny DeepSeek-V3 model, sample data)
+ifeq ($(HSX_INVENTORY_CONFIGURED),yes)
+	$(MAKE) ansible-extract
+else
 	WORK=$(WORK) scripts/run-default.sh
+endif
 
-test: setup setup-sglang  ## run the test suite (package tests, then SGLang contract tests)
-	$(BIN)/python -m pytest $(PYTEST_ARGS) --ignore=tests/sglang_contract tests
+test: setup setup-sglang setup-ansible monitoring-deps  ## everything: package and monitoring tests, SGLang contract, LXC deployment, Docker image
+	$(BIN)/python -m pytest $(PYTEST_ARGS) --ignore=tests/sglang_contract --ignore=tests/deploy tests
 	.venv-sglang/bin/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider tests/sglang_contract
+	$(MAKE) test-deploy
+	$(MAKE) test-docker
 
-lint: setup  ## ruff and mypy on the package
+test-docker: setup  ## build docker/ on a locally made SGLang stand-in base and dry-run it (starts its own dockerd; root)
+	scripts/ci/docker-test.sh $(VENV)
+
+lint: setup  ## ruff and mypy on the package, ansible-lint on the roles
 	$(BIN)/ruff check extractor tests bench
 	$(BIN)/mypy --config-file mypy.ini extractor/hsextract
+	$(MAKE) lint-ansible
 
 bench: setup  ## benchmarks; writes bench/results.json
 	$(BIN)/python bench/bench_core.py --out bench/results.json
@@ -52,4 +62,4 @@ bench-gpu:  ## on a GPU host: the SGLang hook's forward-thread hold time and dum
 	PYTHONPATH=extractor $(or $(GPU_PYTHON),python3) bench/bench_hook_gpu.py --out bench/results-gpu.json
 
 clean:  ## remove the venvs and the default run's files
-	rm -rf $(VENV) .venv-sglang $(WORK)
+	rm -rf $(VENV) .venv-sglang .venv-ansible $(WORK)

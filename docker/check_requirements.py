@@ -5,10 +5,11 @@ never replace the SGLang image's torch/transformers/CUDA stack; this check then 
 image already provides every dependency hsextract declares (at a version in range) and fails the
 build with a list otherwise, instead of failing at the first import on a GPU host.
 
-    python3 check_requirements.py DIST [--strict 0|1]
+    python3 check_requirements.py DIST [--ignore "NAME NAME,NAME"]...
 
-Exit 0 when every requirement is met, or when ``--strict 0`` (report only); 1 otherwise.
-Standard library only, plus ``packaging`` (or pip's vendored copy) to compare versions.
+``--ignore``: requirements not checked (not needed where this runs, or known to be absent).
+Exit 0 when every other requirement is met, 1 otherwise. Standard library only, plus
+``packaging`` (or pip's vendored copy) to compare versions.
 """
 
 from __future__ import annotations
@@ -25,15 +26,19 @@ except ImportError:  # pip always vendors packaging
     from pip._vendor.packaging.utils import canonicalize_name  # type: ignore[assignment]
 
 
-def problems(dist: str) -> tuple[list[str], list[str]]:
-    """(lines for requirements met, lines for requirements not met) of ``dist``."""
+def problems(dist: str, ignore: set[str]) -> tuple[list[str], list[str], list[str]]:
+    """(requirements met, requirements not met, requirements ignored) of ``dist``, as lines."""
     met: list[str] = []
     unmet: list[str] = []
+    ignored: list[str] = []
     for spec in metadata.requires(dist) or []:
         req = Requirement(spec)
         if req.marker is not None and not req.marker.evaluate({"extra": ""}):
             continue  # an optional extra, or another platform's requirement
         name = canonicalize_name(req.name)
+        if name in ignore:
+            ignored.append(str(req))
+            continue
         try:
             version = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -43,24 +48,24 @@ def problems(dist: str) -> tuple[list[str], list[str]]:
             unmet.append(f"{req.name}: {version} installed, needs {req.specifier}")
         else:
             met.append(f"{req.name} {version}")
-    return met, unmet
+    return met, unmet, ignored
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dist")
-    parser.add_argument("--strict", choices=("0", "1"), default="1")
+    parser.add_argument("--ignore", action="append", default=[], help="names not to check (space or comma separated)")
     args = parser.parse_args()
-    met, unmet = problems(args.dist)
+    ignore: set[str] = {canonicalize_name(n) for value in args.ignore for n in value.replace(",", " ").split()}
+    met, unmet, ignored = problems(args.dist, ignore)
     print(f"{args.dist} requirements met: {', '.join(met) or 'none'}")
+    if ignored:
+        print(f"{args.dist} requirements not checked (--ignore): {', '.join(ignored)}")
     if not unmet:
         return 0
     print(f"{args.dist} requirements NOT met by this image:", file=sys.stderr)
     for line in unmet:
         print(f"  {line}", file=sys.stderr)
-    if args.strict == "0":
-        print("(--strict 0: reported only)", file=sys.stderr)
-        return 0
     print(
         "Install the missing ones in docker/Dockerfile with pinned versions (never torch: it must stay the "
         "image's CUDA build), or use an SGLang image that provides them.",

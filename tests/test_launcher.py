@@ -63,7 +63,7 @@ def test_refusals_name_the_setting_and_the_fix(tmp_path: Path) -> None:
 
 def test_exec_runs_the_given_interpreter_and_refuses_a_busy_port(tmp_path: Path) -> None:
     recorder = tmp_path / "ml-env-python"
-    recorder.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'argv.txt'}\n")
+    recorder.write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "argv.txt"}\n')
     recorder.chmod(0o755)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -126,6 +126,18 @@ def _cmd_launch_sglang(args: argparse.Namespace) -> int:
     return launch(config, dry_run=args.dry_run)
 
 
+def _cmd_status(args: argparse.Namespace) -> int:
+    from . import ops_status
+
+    statuses = ops_status.gather_all(ops_status.targets_from_args(args), args.logs)
+    print(ops_status.to_json(statuses) if args.json else "\n".join(ops_status.render(s) for s in statuses))
+    unreachable = [s.name for s in statuses if not s.reachable]
+    if unreachable:
+        print(f"StatusError: could not reach {', '.join(unreachable)} (see above)", file=sys.stderr)
+        return EXIT_FATAL
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hsextract",
@@ -181,6 +193,17 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="re-read an output directory and check every sample and total")
     verify.add_argument("output", type=Path, help="output directory of hsextract extract")
     verify.set_defaults(func=_cmd_verify)
+
+    status = sub.add_parser(
+        "status",
+        help="server health, units, /dev/shm and disk, progress and ETA of each host (read-only)",
+        description="Gather what the runbooks ask to look at from the inventory's extraction_containers over SSH "
+        "(one connection per host), or from this machine without --inventory. Exit 1 when a host could not be reached.",
+    )
+    from .ops_status import add_arguments as add_status_arguments
+
+    add_status_arguments(status)
+    status.set_defaults(func=_cmd_status)
     return parser
 
 

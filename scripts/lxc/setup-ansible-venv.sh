@@ -6,5 +6,5 @@ VENV=${1:-.venv-ansible}
 PYTHON=${PYTHON:-python3}
 [[ -x $VENV/bin/python ]] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements-ansible.txt
-"$VENV/bin/ansible-playbook" --version | head -1
+"$VENV/bin/python" -c "import ansible.release as r; print(\"ansible-core\", r.__version__)"
 touch "$VENV/.setup-done"

@@ -1,0 +1,443 @@
+"""``hsextract status`` (``make status``, ``make logs``): what the runbooks ask to look at, in seconds.
+
+For each extraction host it gathers, with read-only commands only: the server's health (HTTP status of
+``/health_generate``), the state of the ``hsextract-server`` and ``hsextract-extract`` units (and their
+last log lines with ``--logs N``), ``/dev/shm`` and output disk use (``df -B1``), and the extraction's
+progress and ETA from the extractor's own ``/metrics``. Hosts come from an Ansible inventory (group
+``extraction_containers``, through ``ansible-inventory --list``) and are reached over SSH with fabric,
+one connection per host, all hosts at once; with no inventory it looks at this machine.
+
+Per-host settings are the inventory's (``hsx_server_port``, ``hsx_metrics_port``, ``hsx_output_dir``,
+``hsx_dump_dir``); the defaults match the embedded default run (``make extract``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from .errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+GROUP = "extraction_containers"
+UNITS = ("hsextract-server", "hsextract-extract")
+COMMAND_TIMEOUT_S = 45.0
+
+
+@dataclass(frozen=True)
+class Target:
+    """One host to look at; ``host`` None means this machine."""
+
+    name: str
+    host: str | None = None
+    user: str | None = None
+    port: int | None = None
+    key_filename: str | None = None
+    become: bool = False
+    server_port: int = 30000
+    metrics_port: int = 9400
+    output_dir: str = "work/output"
+    dump_dir: str = "/dev/shm/hsextract-default"
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+class Runner(Protocol):
+    """Runs one shell command on a target; never raises for a non-zero exit."""
+
+    def run(self, command: str) -> CommandResult: ...
+
+    def close(self) -> None: ...
+
+
+class LocalRunner:
+    """This machine, through bash."""
+
+    def run(self, command: str) -> CommandResult:
+        try:
+            done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return CommandResult(124, "", f"timed out after {COMMAND_TIMEOUT_S:.0f} s")
+        return CommandResult(done.returncode, done.stdout, done.stderr)
+
+    def close(self) -> None:
+        pass
+
+
+class SSHRunner:
+    """One fabric connection to a host, reused for every command."""
+
+    def __init__(self, target: Target, connect_timeout_s: float = 10.0) -> None:
+        from fabric import Connection  # type: ignore[import-untyped]
+
+        connect_kwargs: dict[str, Any] = {}
+        if target.key_filename:
+            connect_kwargs["key_filename"] = [target.key_filename]
+        self.target = target
+        self._connection = Connection(
+            target.host, user=target.user, port=target.port, connect_timeout=connect_timeout_s, connect_kwargs=connect_kwargs
+        )
+        self._connection.open()
+
+    def run(self, command: str) -> CommandResult:
+        result = self._connection.run(
+            f"bash -c {shlex.quote(command)}", hide=True, warn=True, in_stream=False, timeout=COMMAND_TIMEOUT_S
+        )
+        return CommandResult(int(result.exited), str(result.stdout), str(result.stderr))
+
+    def close(self) -> None:
+        self._connection.close()
+
+
+# -- what is gathered -----------------------------------------------------------------------------
+@dataclass
+class Filesystem:
+    path: str  # as asked
+    mount: str
+    size_bytes: int
+    used_bytes: int
+    available_bytes: int
+
+    @property
+    def used_fraction(self) -> float:
+        return self.used_bytes / self.size_bytes if self.size_bytes else 0.0
+
+
+@dataclass
+class Progress:
+    running: bool
+    server_up: bool | None
+    planned: int
+    settled: int
+    by_status: dict[str, int]
+    tokens: int
+    tokens_planned: int
+    errors: dict[str, int]
+    inflight: int
+    elapsed_s: float | None = None  # age of the extractor process
+    tokens_per_s: float | None = None
+    eta_s: float | None = None
+
+
+@dataclass
+class HostStatus:
+    name: str
+    address: str
+    reachable: bool = True
+    error: str | None = None
+    health: int | None = None  # HTTP status of /health_generate; None: no answer
+    units: dict[str, str] = field(default_factory=dict)
+    filesystems: list[Filesystem] = field(default_factory=list)
+    progress: Progress | None = None
+    metrics_error: str | None = None
+    logs: dict[str, str] = field(default_factory=dict)
+
+
+_CURL = {"code": "curl -s -m 30 -o /dev/null -w '%{{http_code}}' {url}", "body": "curl -sf -m 10 {url}"}
+_PYTHON = {"code": "r.status", "body": "r.read().decode()"}
+
+
+def _http_get(url: str, what: str) -> str:
+    """Shell printing the status code (what=code) or the body (what=body) of a GET, with curl or else python3."""
+    fallback = "'000'" if what == "code" else "''"
+    py = (
+        "import urllib.request as u\n"
+        f"try:\n r=u.urlopen({url!r},timeout=30)\n print({_PYTHON[what]},end='')\n"
+        f"except Exception as e:\n print(getattr(e,'code',{fallback}) if {what == 'code'} else '',end='')"
+    )
+    return f"if command -v curl >/dev/null; then {_CURL[what].format(url=url)}; else python3 -c {shlex.quote(py)}; fi"
+
+
+def status_commands(target: Target, log_lines: int) -> dict[str, str]:
+    """The read-only shell commands run on a target, by purpose."""
+    units = " ".join(UNITS)
+    sudo = "sudo -n " if target.become else ""
+    commands = {
+        "health": _http_get(f"http://127.0.0.1:{target.server_port}/health_generate", "code"),
+        "units": f"command -v systemctl >/dev/null && systemctl is-active {units}",
+        "df": "df -B1 --output=file,target,size,used,avail /dev/shm "
+        f"{shlex.quote(target.dump_dir)} {shlex.quote(target.output_dir)}",
+        "metrics": _http_get(f"http://127.0.0.1:{target.metrics_port}/metrics", "body"),
+        "elapsed": (
+            f"pid=$(fuser -n tcp {target.metrics_port} 2>/dev/null | awk '{{print $1}}'); "
+            '[ -n "$pid" ] && ps -o etimes= -p "$pid"'
+        ),
+    }
+    if log_lines > 0:
+        for unit in UNITS:
+            commands[f"log:{unit}"] = f"{sudo}journalctl -u {unit} -n {int(log_lines)} --no-pager -o short-iso"
+    return commands
+
+
+def parse_units(stdout: str) -> dict[str, str]:
+    states = [line.strip() for line in stdout.splitlines() if line.strip()]
+    if len(states) != len(UNITS):
+        return {unit: "unknown (no systemd)" for unit in UNITS}
+    return dict(zip(UNITS, states, strict=True))
+
+
+def parse_df(stdout: str) -> list[Filesystem]:
+    """``df --output=file,target,size,used,avail`` lines, one per mount (the dump dir may be on /dev/shm)."""
+    seen: dict[str, Filesystem] = {}
+    for line in stdout.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) != 5 or not all(p.isdigit() for p in parts[2:]):
+            continue
+        path, mount = parts[0], parts[1]
+        seen.setdefault(mount, Filesystem(path, mount, int(parts[2]), int(parts[3]), int(parts[4])))
+    return list(seen.values())
+
+
+def parse_metrics(text: str, elapsed_s: float | None = None) -> Progress:
+    """Progress from one scrape of the extractor's /metrics; the ETA averages since the process started."""
+    values: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+
+    def one(name: str) -> float:
+        return sum(values.get(name, {}).values())
+
+    def by(name: str, label: str) -> dict[str, int]:
+        return {dict(k).get(label, ""): int(v) for k, v in values.get(name, {}).items()}
+
+    if "hsextract_samples_planned" not in values:
+        raise ValueError("no hsextract_samples_planned in the scrape: is this the extractor's /metrics?")
+    by_status = by("hsextract_samples_total", "status")
+    progress = Progress(
+        running=one("hsextract_running") == 1,
+        server_up=None if "hsextract_server_up" not in values else one("hsextract_server_up") == 1,
+        planned=int(one("hsextract_samples_planned")),
+        settled=sum(by_status.values()),
+        by_status=by_status,
+        tokens=int(one("hsextract_tokens_total")),
+        tokens_planned=int(one("hsextract_tokens_planned")),
+        errors=by("hsextract_errors_total", "reason"),
+        inflight=int(one("hsextract_inflight_requests")),
+        elapsed_s=elapsed_s,
+    )
+    if elapsed_s and elapsed_s > 0 and progress.tokens > 0:
+        progress.tokens_per_s = progress.tokens / elapsed_s
+        progress.eta_s = max(0, progress.tokens_planned - progress.tokens) / progress.tokens_per_s
+    return progress
+
+
+def gather(target: Target, runner: Runner, log_lines: int = 0) -> HostStatus:
+    """Run the read-only commands on one target through ``runner`` and parse what they print."""
+    status = HostStatus(target.name, target.host or "this machine")
+    results = {purpose: runner.run(command) for purpose, command in status_commands(target, log_lines).items()}
+    code = results["health"].stdout.strip()
+    status.health = int(code) if code.isdigit() and code != "000" else None
+    status.units = parse_units(results["units"].stdout)
+    status.filesystems = parse_df(results["df"].stdout)
+    elapsed = results["elapsed"].stdout.strip()
+    if results["metrics"].stdout.strip():
+        try:
+            status.progress = parse_metrics(results["metrics"].stdout, float(elapsed) if elapsed.isdigit() else None)
+        except ValueError as exc:
+            status.metrics_error = str(exc)
+    else:
+        status.metrics_error = f"no answer on port {target.metrics_port} (the extractor is not running)"
+    for purpose, result in results.items():
+        if purpose.startswith("log:"):
+            status.logs[purpose[4:]] = result.stdout if result.exit_code == 0 else (result.stderr.strip() or result.stdout)
+    return status
+
+
+def _gather_one(target: Target, log_lines: int, make_runner: Callable[[Target], Runner]) -> HostStatus:
+    try:
+        runner = make_runner(target)
+    except Exception as exc:  # any connection failure is reported per host
+        return HostStatus(target.name, target.host or "this machine", reachable=False, error=_describe(exc, target))
+    try:
+        return gather(target, runner, log_lines)
+    except Exception as exc:  # an SSH failure mid-way: reported per host, the others go on
+        return HostStatus(target.name, target.host or "this machine", reachable=False, error=_describe(exc, target))
+    finally:
+        runner.close()
+
+
+def _describe(exc: Exception, target: Target) -> str:
+    where = f"{target.user + '@' if target.user else ''}{target.host}:{target.port or 22}"
+    return f"{type(exc).__name__}: {exc} (ssh {where}; check the address, the key and that sshd runs)"
+
+
+def default_runner(target: Target) -> Runner:
+    return LocalRunner() if target.host is None else SSHRunner(target)
+
+
+def gather_all(
+    targets: Iterable[Target], log_lines: int = 0, make_runner: Callable[[Target], Runner] = default_runner
+) -> list[HostStatus]:
+    """Every target at once, one connection each."""
+    targets = list(targets)
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(targets)))) as pool:
+        return list(pool.map(lambda t: _gather_one(t, log_lines, make_runner), targets))
+
+
+# -- the inventory -----------------------------------------------------------------------------------
+def find_ansible_inventory() -> str:
+    """``ansible-inventory`` next to this interpreter, in the repo's .venv-ansible, or on PATH."""
+    candidates = [Path(sys.executable).parent / "ansible-inventory", Path.cwd() / ".venv-ansible/bin/ansible-inventory"]
+    for candidate in candidates:
+        if candidate.is_file():
+            return str(candidate)
+    found = shutil.which("ansible-inventory")
+    if found is None:
+        raise ConfigError(
+            "ansible-inventory not found (next to python, in .venv-ansible/bin or on PATH); install ansible-core "
+            "(scripts/lxc/setup-ansible-venv.sh) or pass --ansible-inventory PATH"
+        )
+    return found
+
+
+def targets_from_inventory_json(data: dict[str, Any], group: str = GROUP) -> list[Target]:
+    hostvars: dict[str, dict[str, Any]] = data.get("_meta", {}).get("hostvars", {})
+
+    def hosts_of(name: str, seen: set[str]) -> list[str]:
+        if name in seen:
+            return []
+        seen.add(name)
+        entry = data.get(name, {})
+        hosts = list(entry.get("hosts", []))
+        for child in entry.get("children", []):
+            hosts += [h for h in hosts_of(child, seen) if h not in hosts]
+        return hosts
+
+    if group not in data:
+        raise ConfigError(f"the inventory has no group {group!r}; put the extraction containers in it")
+    targets = []
+    for name in hosts_of(group, set()):
+        hv = hostvars.get(name, {})
+        key = hv.get("ansible_ssh_private_key_file") or hv.get("ansible_private_key_file")
+        targets.append(
+            Target(
+                name=name,
+                host=str(hv.get("ansible_host", name)),
+                user=hv.get("ansible_user"),
+                port=int(hv["ansible_port"]) if hv.get("ansible_port") else None,
+                key_filename=str(Path(key).expanduser()) if key else None,
+                become=bool(hv.get("ansible_become", False)),
+                server_port=int(hv.get("hsx_server_port", 30000)),
+                metrics_port=int(hv.get("hsx_metrics_port", 9400)),
+                output_dir=str(hv.get("hsx_output_dir", "/")),
+                dump_dir=str(hv.get("hsx_dump_dir", "/dev/shm")),
+            )
+        )
+    if not targets:
+        raise ConfigError(f"group {group!r} of the inventory has no hosts; add the extraction containers to it")
+    return targets
+
+
+def load_inventory(inventory: Path, ansible_inventory: str | None = None) -> list[Target]:
+    """Hosts of group extraction_containers, as ``ansible-inventory -i INVENTORY --list`` resolves them."""
+    if not inventory.exists():
+        raise ConfigError(f"inventory {inventory} does not exist; pass --inventory DIR (e.g. a copy of inventory/example)")
+    command = [ansible_inventory or find_ansible_inventory(), "-i", str(inventory), "--list"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise ConfigError(f"{' '.join(command)} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+    return targets_from_inventory_json(json.loads(done.stdout))
+
+
+# -- report -----------------------------------------------------------------------------------------
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.1f} GB"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h {minutes}m"
+    return f"{hours}h {minutes}m" if hours else f"{minutes}m {secs}s"
+
+
+def render(status: HostStatus) -> str:
+    lines = [f"== {status.name} ({status.address})"]
+    if not status.reachable:
+        return "\n".join([*lines, f"  UNREACHABLE: {status.error}"])
+    health = "no answer" if status.health is None else ("200 OK" if status.health == 200 else f"HTTP {status.health}")
+    lines.append(f"  server health (/health_generate): {health}")
+    lines.append("  units: " + ", ".join(f"{unit} {state}" for unit, state in status.units.items()))
+    for fs in status.filesystems:
+        lines.append(
+            f"  {fs.path} (on {fs.mount}): {_gb(fs.used_bytes)} used of {_gb(fs.size_bytes)} ({fs.used_fraction:.0%}), "
+            f"{_gb(fs.available_bytes)} free"
+        )
+    p = status.progress
+    if p is None:
+        lines.append(f"  extraction: {status.metrics_error}")
+    else:
+        state = "running" if p.running else "not running (finished or stopped)"
+        pct = f"{p.settled / p.planned:.1%}" if p.planned else "-"
+        lines.append(f"  extraction: {state}; {p.settled}/{p.planned} samples settled ({pct}), {p.inflight} in flight")
+        lines.append("    by status: " + ", ".join(f"{k} {v}" for k, v in sorted(p.by_status.items())))
+        lines.append(
+            f"    tokens: {p.tokens}/{p.tokens_planned}" + (f", {p.tokens_per_s:.0f} tokens/s" if p.tokens_per_s else "")
+        )
+        if p.errors:
+            lines.append("    errors: " + ", ".join(f"{k} {v}" for k, v in sorted(p.errors.items())))
+        if p.eta_s is not None:
+            lines.append(
+                f"    ETA: {_duration(p.eta_s)} (average rate since the extractor started {_duration(p.elapsed_s or 0)} ago)"
+            )
+        if p.server_up is False:
+            lines.append("    the extractor saw the server fail: docs/runbooks/restart-server.md")
+    for unit, text in status.logs.items():
+        lines.append(f"  -- last log lines of {unit}:")
+        lines.extend("     " + line for line in (text.rstrip().splitlines() or ["(none)"]))
+    return "\n".join(lines)
+
+
+def add_arguments(parser: Any) -> None:
+    parser.add_argument(
+        "--inventory", type=Path, help="Ansible inventory (directory or file): look at its extraction_containers over SSH"
+    )
+    parser.add_argument("--logs", type=int, default=0, metavar="N", help="also print the last N log lines of each unit")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument("--ansible-inventory", help="the ansible-inventory program (default: found next to python or on PATH)")
+    local = parser.add_argument_group("this machine (no --inventory)")
+    local.add_argument("--server-port", type=int, default=30000, help="server port (default: 30000)")
+    local.add_argument("--metrics-port", type=int, default=9400, help="extractor metrics port (default: 9400)")
+    local.add_argument("--output-dir", default="work/output", help="output directory (default: work/output)")
+    local.add_argument("--dump-dir", default="/dev/shm/hsextract-default", help="dump root (default: the default run's)")
+
+
+def targets_from_args(args: Any) -> list[Target]:
+    """The inventory's hosts with --inventory, else this machine with the local options."""
+    if args.inventory is not None:
+        return load_inventory(args.inventory, args.ansible_inventory)
+    return [
+        Target(
+            "localhost",
+            None,
+            server_port=args.server_port,
+            metrics_port=args.metrics_port,
+            output_dir=args.output_dir,
+            dump_dir=args.dump_dir,
+        )
+    ]
+
+
+def to_json(statuses: list[HostStatus]) -> str:
+    return json.dumps([asdict(s) for s in statuses], indent=2)

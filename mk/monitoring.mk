@@ -1,0 +1,33 @@
+# Monitoring: status and logs of the extraction hosts, and the Prometheus/Grafana checks.
+#   make status [INVENTORY=DIR]          server health, units, /dev/shm and disk, progress and ETA
+#   make logs [INVENTORY=DIR] [LINES=N]  the same plus the units' last log lines
+# The hosts are those of INVENTORY, else of the inventory ansible.cfg names once it is configured
+# (no CHANGE_ME left; see mk/ansible.mk); with neither they look at this machine (`make extract`'s
+# embedded default). STATUS_ARGS passes more flags, e.g. STATUS_ARGS=--json (hsextract status --help).
+
+INVENTORY ?=
+LINES ?= 50
+STATUS_ARGS ?=
+ANSIBLE_VENV ?= .venv-ansible
+PROMTOOL ?= promtool
+
+.PHONY: status logs test-monitoring monitoring-deps
+
+_status_inventory = $(or $(INVENTORY),$(if $(HSX_INVENTORY_CONFIGURED),$(HSX_INVENTORY)))
+_status = $(BIN)/hsextract status $(if $(_status_inventory),--inventory $(_status_inventory) \
+	--ansible-inventory $(ANSIBLE_VENV)/bin/ansible-inventory)
+
+status: setup $(if $(_status_inventory),setup-ansible)  ## health, units, /dev/shm, disk, progress and ETA of the hosts (read-only)
+	$(_status) $(STATUS_ARGS)
+
+logs: setup $(if $(_status_inventory),setup-ansible)  ## status plus the last LINES log lines of the server and extractor units
+	$(_status) --logs $(LINES) $(STATUS_ARGS)
+
+monitoring-deps:  ## Debian's prometheus (promtool) and openssh-server for the monitoring tests (root)
+	scripts/monitoring/install-deps.sh
+
+test-monitoring: setup monitoring-deps  ## promtool checks and rule tests, dashboard, runbooks, status, live Prometheus e2e
+	$(PROMTOOL) check config monitoring/prometheus/prometheus.yml
+	$(PROMTOOL) check rules monitoring/prometheus/rules/*.yml
+	$(PROMTOOL) test rules monitoring/prometheus/tests/*.yml
+	$(BIN)/python -m pytest $(PYTEST_ARGS) tests/monitoring

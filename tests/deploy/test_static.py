@@ -1,0 +1,193 @@
+"""Checks that need no container: lint, syntax, role interfaces, the Proxmox-host role on a scratch
+directory (with a recording stand-in for pct), the /dev/shm sizing, the placeholder stop."""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import ANSIBLE_BIN, REPO, ansible_env, run_playbook
+
+ROLES = sorted(p for p in (REPO / "roles").iterdir() if (p / "tasks" / "main.yml").exists())
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_argument_specs_match_defaults(role: Path):
+    defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text()) or {}
+    specs = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+    assert set(specs["main"]["options"]) == set(defaults), f"{role.name}: argument_specs and defaults differ"
+    assert all(name.startswith(role.name + "_") for name in defaults), f"{role.name}: public vars must be {role.name}_*"
+    lines = (role / "defaults" / "main.yml").read_text().splitlines()
+    for i, line in enumerate(lines):
+        if line and not line.startswith((" ", "#", "-")) and ":" in line:
+            assert lines[i - 1].startswith("# "), f"{role.name}: {line.split(':')[0]} has no one-line comment above it"
+
+
+def test_syntax_check():
+    for playbook in ("deploy.yml", "playbooks/restart.yml", "playbooks/extract.yml", "playbooks/status.yml"):
+        proc = subprocess.run(
+            [str(ANSIBLE_BIN / "ansible-playbook"), "--syntax-check", playbook],
+            cwd=REPO, env=ansible_env(), capture_output=True, text=True,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_ansible_lint_production_profile():
+    proc = subprocess.run(
+        [str(ANSIBLE_BIN / "ansible-lint"), "--offline"], cwd=REPO, env=ansible_env(), capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
+
+
+def test_placeholders_stop_deploy_with_the_variable_named():
+    result = run_playbook("deploy.yml", None, "--limit", "extraction_containers")
+    assert result.rc != 0
+    assert "set ansible_host in your inventory" in result.output or "set hsx_model_path in your inventory" in result.output
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected_mb"),
+    [
+        # Kimi-K2.5: 8 in flight x 4096 tokens x 4 x 7168 x 2 bytes x 2.0 = 3.5 GiB
+        ({}, 3584),
+        ({"hsx_concurrency": 4, "hsx_max_seq_len": 1024, "hsx_hidden_size": 128}, 1024),
+        ({"hsx_shm_size_mb": 20000}, 20000),
+    ],
+)
+def test_shm_size_from_the_dump_budget(tmp_path: Path, settings: dict, expected_mb: int):
+    example = yaml.safe_load((REPO / "inventory/example/group_vars/all.yml").read_text())
+    (tmp_path / "vars.yml").write_text(yaml.safe_dump({**example, **settings}))
+    playbook = tmp_path / "shm.yml"
+    playbook.write_text(
+        textwrap.dedent(f"""\
+        - hosts: localhost
+          gather_facts: false
+          vars_files: [{tmp_path}/vars.yml, {REPO}/playbooks/vars/deploy.yml]
+          tasks:
+            - ansible.builtin.debug:
+                msg: "SHM={{{{ hsx_shm_size_mb_effective }}}}"
+        """)
+    )
+    result = run_playbook(str(playbook), None, "-e", "ansible_python_interpreter=" + str(ANSIBLE_BIN / "python"))
+    assert result.rc == 0, result.output
+    assert f"SHM={expected_mb}" in result.output
+
+
+PVE_CONF = """\
+arch: amd64
+cores: 64
+features: keyctl=1
+hostname: hsx1
+memory: 1048576
+net0: name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:00:01,ip=dhcp,type=veth
+ostype: debian
+rootfs: local-zfs:subvol-101-disk-0,size=500G
+swap: 0
+lxc.mount.entry: tmpfs dev/shm tmpfs rw,nosuid,nodev,size=128M,create=dir 0 0
+lxc.mount.entry: /data/models data/models none bind,create=dir 0 0
+
+[before-upgrade]
+arch: amd64
+lxc.mount.entry: tmpfs dev/shm tmpfs rw,nosuid,nodev,size=128M,create=dir 0 0
+snaptime: 1760000000
+"""
+
+PVE_EXPECTED = """\
+arch: amd64
+cores: 64
+features: keyctl=1,nesting=1
+hostname: hsx1
+memory: 1048576
+net0: name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:00:01,ip=dhcp,type=veth
+ostype: debian
+rootfs: local-zfs:subvol-101-disk-0,size=500G
+swap: 0
+lxc.mount.entry: /data/models data/models none bind,create=dir 0 0
+lxc.mount.entry: tmpfs dev/shm tmpfs rw,nosuid,nodev,size=3584M,create=dir 0 0
+lxc.cgroup2.devices.allow: c 195:* rwm
+lxc.cgroup2.devices.allow: c 508:* rwm
+lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file
+lxc.mount.entry: /dev/nvidia1 dev/nvidia1 none bind,optional,create=file
+lxc.mount.entry: /dev/nvidiactl dev/nvidiactl none bind,optional,create=file
+lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file
+lxc.mount.entry: /dev/nvidia-uvm-tools dev/nvidia-uvm-tools none bind,optional,create=file
+lxc.mount.entry: /dev/nvidia-modeset dev/nvidia-modeset none bind,optional,create=file
+lxc.mount.entry: /dev/nvidia-caps dev/nvidia-caps none bind,optional,create=dir
+
+[before-upgrade]
+arch: amd64
+lxc.mount.entry: tmpfs dev/shm tmpfs rw,nosuid,nodev,size=128M,create=dir 0 0
+snaptime: 1760000000
+"""
+
+
+def test_proxmox_role_on_a_scratch_config_dir(tmp_path: Path):
+    conf_dir = tmp_path / "pve-lxc"
+    conf_dir.mkdir()
+    (conf_dir / "101.conf").write_text(PVE_CONF)
+    pct_log = tmp_path / "pct.log"
+    pct = tmp_path / "pct"
+    pct.write_text(f'#!/bin/sh\necho "$*" >> {pct_log}\n[ "$1" = status ] && echo "status: running"\nexit 0\n')
+    pct.chmod(0o755)
+    python = str(ANSIBLE_BIN / "python")
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "children": {
+                        "proxmox_hosts": {
+                            "hosts": {"pve-scratch": {"ansible_connection": "local", "ansible_python_interpreter": python}}
+                        },
+                        "extraction_containers": {
+                            "hosts": {"hsx-scratch": {"ansible_connection": "local", "ansible_python_interpreter": python}}
+                        },
+                    }
+                }
+            }
+        )
+    )
+    playbook = tmp_path / "pve.yml"
+    playbook.write_text(
+        textwrap.dedent(f"""\
+        - hosts: extraction_containers
+          gather_facts: false
+          roles:
+            - role: {REPO}/roles/hsx_proxmox_lxc
+              vars:
+                hsx_proxmox_lxc_host: pve-scratch
+                hsx_proxmox_lxc_vmid: 101
+                hsx_proxmox_lxc_config_dir: {conf_dir}
+                hsx_proxmox_lxc_shm_size_mb: 3584
+                hsx_proxmox_lxc_gpu_count: 2
+                hsx_proxmox_lxc_device_majors: [195, 508]
+                hsx_proxmox_lxc_nesting: true
+                hsx_proxmox_lxc_pct: {pct}
+        """)
+    )
+    # check mode: nothing written, pct only asked for the status
+    result = run_playbook(str(playbook), inventory, "--check", "--diff")
+    assert result.rc == 0, result.output
+    assert (conf_dir / "101.conf").read_text() == PVE_CONF
+    assert pct_log.read_text().splitlines() == ["status 101"]
+    assert result.recap()["hsx-scratch"]["changed"] == 1
+    # real run: the file line by line, and one reboot
+    pct_log.unlink()
+    result = run_playbook(str(playbook), inventory)
+    assert result.rc == 0, result.output
+    got, want = (conf_dir / "101.conf").read_text().splitlines(), PVE_EXPECTED.splitlines()
+    assert len(got) == len(want), f"{len(got)} lines rendered, {len(want)} expected"
+    for number, (line, expected) in enumerate(zip(got, want, strict=True), start=1):
+        assert line == expected, f"line {number}: {line!r} != {expected!r}"
+    assert len(got) == len(want)
+    assert pct_log.read_text().splitlines() == ["status 101", "reboot 101"]
+    # second run: nothing changes, no reboot
+    pct_log.unlink()
+    result = run_playbook(str(playbook), inventory)
+    assert result.rc == 0, result.output
+    assert result.recap()["hsx-scratch"]["changed"] == 0
+    assert not pct_log.exists()
