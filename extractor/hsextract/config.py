@@ -11,10 +11,10 @@ import argparse
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
 from .rids import check_prefix
@@ -22,6 +22,10 @@ from .rids import check_prefix
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+#: a rid prefix: 1-32 letters or digits (it becomes part of a path)
+RidPrefix = Annotated[str, AfterValidator(check_prefix)]
 
 
 class ExtractConfig(_Strict):
@@ -44,7 +48,7 @@ class ExtractConfig(_Strict):
     shard_index: int = Field(0, ge=0, description="this node's slice: rows with row %% num_shards == shard_index")
     num_shards: int = Field(1, gt=0, description="number of slices the dataset is split into")
     vocab_size: int | None = Field(None, gt=0, description="override the vocabulary size used to reject bad ids")
-    rid_prefix: str = Field("hsx", description="prefix of the request ids the server dumps")
+    rid_prefix: RidPrefix = Field("hsx", description="prefix of the request ids the server dumps")
     shm_high_water: float = Field(
         0.85, gt=0, le=1, description="stop submitting while the dump filesystem is fuller than this fraction"
     )
@@ -58,11 +62,6 @@ class ExtractConfig(_Strict):
     disk_headroom: float = Field(1.05, ge=1.0, description="required free disk = estimated output bytes x this")
     expect_model: str | None = Field(None, description="refuse to run unless the server's model path ends with this string")
     log_interval_s: float = Field(30.0, gt=0, description="seconds between progress log lines when not on a terminal")
-
-    @field_validator("rid_prefix")
-    @classmethod
-    def _prefix(cls, value: str) -> str:
-        return check_prefix(value)
 
     @field_validator("server")
     @classmethod
@@ -92,13 +91,8 @@ class ServeConfig(_Strict):
         2048, description="prompts longer than this are prefilled in chunks on the KV cache (-1: never)"
     )
     max_batch_tokens: int = Field(8192, gt=0, description="token budget of one batched forward (padded)")
-    rid_prefix: str = Field("hsx", description="only rids <prefix>-<row>-n<tokens> are dumped")
+    rid_prefix: RidPrefix = Field("hsx", description="only rids <prefix>-<row>-n<tokens> are dumped")
     dump_queue_size: int = Field(8, gt=0, description="extend batches waiting for the dump writer before forwards block")
-
-    @field_validator("rid_prefix")
-    @classmethod
-    def _prefix(cls, value: str) -> str:
-        return check_prefix(value)
 
     @field_validator("chunked_prefill_size")
     @classmethod

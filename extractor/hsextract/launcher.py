@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from .config import _Strict
+from .config import RidPrefix, _Strict
 from .errors import ConfigError
 from .layers import capture_indices, resolve_aux_layer_ids
 
@@ -71,7 +71,7 @@ class SGLangLaunchConfig(_Strict):
     chunked_prefill_size: int = Field(8192, description="tokens per extend pass (-1: no chunking); the hook assembles chunks")
     disable_radix_cache: bool = Field(True, description="must stay true: a cached prefix is never recomputed nor dumped")
     dump_dir: str = Field("/dev/shm/hsextract", description="dump root (tmpfs) the extractor reads")
-    rid_prefix: str = Field("hsx", description="only rids <prefix>-<row>-n<tokens> are dumped")
+    rid_prefix: RidPrefix = Field("hsx", description="only rids <prefix>-<row>-n<tokens> are dumped")
     layer_ids: list[int] | None = Field(None, description="aux layer ids, 0-based outputs (default [2, N//2, N-3])")
     final_prenorm: bool = Field(False, description="also dump the final layer's pre-norm output (speculators format)")
     enable_metrics: bool = Field(True, description="SGLang's own Prometheus /metrics")
