@@ -11,13 +11,17 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 PIP="$VENV/bin/pip"
 "$PIP" install -q --no-deps sglang==0.5.23
 "$PIP" install -q torch==2.14.1 torchvision==0.29.1
+# pip lists every sglang requirement left out ("sglang 0.5.23 requires X, which is not installed"):
+# expected here, so that output goes to a log, shown only when the install fails.
 "$PIP" install -q -c constraints-sglang.txt \
   numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic pyzmq tqdm \
   ipython aiohttp dill einops gguf partial-json-parser transformers tokenizers apache-tvm-ffi \
-  sentencepiece compressed-tensors openai
+  sentencepiece compressed-tensors openai >"$VENV/deps-install.log" 2>&1 \
+  || { cat "$VENV/deps-install.log"; exit 1; }
 # hsextract itself, without re-resolving torch
 "$PIP" install -q --no-deps -e extractor
-"$PIP" install -q -c constraints.txt safetensors httpx prometheus-client pyyaml pytest pytest-timeout
+"$PIP" install -q -c constraints.txt safetensors httpx prometheus-client pyyaml pytest pytest-timeout \
+  >>"$VENV/deps-install.log" 2>&1 || { cat "$VENV/deps-install.log"; exit 1; }
 "$VENV/bin/python" -W ignore -c "
 from sglang.srt.model_executor.hook_manager import register_forward_hooks
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
