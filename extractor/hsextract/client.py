@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from .errors import BadSampleError, ServerError
+from .model_config import read_model_config
 
 log = logging.getLogger(__name__)
 
@@ -36,19 +35,9 @@ class ServerIdentity:
     provides_final_prenorm: bool | None
 
 
-def _model_config(model_path: str) -> dict[str, Any]:
-    path = Path(model_path) / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    # Multimodal wrappers (Kimi-K2.5) keep the language model's numbers under text_config.
-    return {**config, **config.get("text_config", {})} if isinstance(config, dict) else {}
-
-
 def parse_identity(info: dict[str, Any], vocab_override: int | None = None) -> ServerIdentity:
     model_path = str(info.get("model_path", ""))
-    config = _model_config(model_path) if model_path else {}
+    config = read_model_config(model_path) if model_path else {}
 
     def pick(*names: str) -> Any:
         for name in names:

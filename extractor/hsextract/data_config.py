@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections import Counter
 from datetime import datetime, timezone
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
+from .atomic import atomic_write_bytes
 from .layers import capture_indices, recorded_layer_ids
 
 if TYPE_CHECKING:
@@ -34,10 +34,7 @@ def read_data_config(output: Path) -> dict[str, Any] | None:
 
 
 def write_data_config(output: Path, data: dict[str, Any]) -> None:
-    path = Path(output) / DATA_CONFIG_FILE
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    atomic_write_bytes(Path(output) / DATA_CONFIG_FILE, (json.dumps(data, indent=2) + "\n").encode())
 
 
 def _now() -> str:

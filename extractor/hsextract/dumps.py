@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from .atomic import atomic_write_bytes, temp_path
 from .errors import DumpError
 from .rids import parse_rid
 
@@ -47,17 +47,6 @@ class Dump:
     final_hidden_state: torch.Tensor  # [T, H], post-norm
     meta: dict[str, Any]
     final_prenorm_hidden_state: torch.Tensor | None = None  # [T, H], before the final norm
-
-
-def _tmp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = _tmp_name(path)
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-    os.replace(tmp, path)
 
 
 def dump_path(root: Path, rid: str) -> Path:
@@ -90,7 +79,7 @@ def write_dump(
     if final_prenorm_hidden_state is not None:
         tensors["final_prenorm_hidden_state"] = final_prenorm_hidden_state.contiguous()
     hidden = directory / HIDDEN_FILE
-    tmp = _tmp_name(hidden)
+    tmp = temp_path(hidden)
     save_file(tensors, str(tmp), metadata={"rid": rid, "format_version": str(DUMP_FORMAT_VERSION)})
     os.replace(tmp, hidden)
     full_meta = {

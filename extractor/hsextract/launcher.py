@@ -23,6 +23,7 @@ from pydantic import Field, field_validator
 from .config import RidPrefix, _Strict
 from .errors import ConfigError
 from .layers import capture_indices, resolve_aux_layer_ids
+from .model_config import read_model_config
 
 log = logging.getLogger(__name__)
 
@@ -88,14 +89,6 @@ class SGLangLaunchConfig(_Strict):
                 "(a bare python3 once started the server without SGLang's dev install)"
             )
         return value
-
-
-def _model_config(model_path: str) -> dict[str, Any]:
-    try:
-        config = json.loads((Path(model_path) / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return {**config, **config.get("text_config", {})} if isinstance(config, dict) else {}
 
 
 def _architecture(config: SGLangLaunchConfig, model_config: dict[str, Any]) -> str:
@@ -211,7 +204,7 @@ def build_command(config: SGLangLaunchConfig) -> list[str]:
     if config.chunked_prefill_size != -1 and config.chunked_prefill_size < 1:
         raise ConfigError(f"chunked_prefill_size {config.chunked_prefill_size} must be -1 (off) or positive")
     _check_extra_args(config.extra_args)
-    model_config = _model_config(config.model_path)
+    model_config = read_model_config(config.model_path)
     num_layers = config.num_hidden_layers or model_config.get("num_hidden_layers")
     if not num_layers:
         raise ConfigError(f"the layer count of {config.model_path} is unknown (no readable config.json); set num_hidden_layers")

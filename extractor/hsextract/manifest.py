@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .atomic import temp_path
+
 log = logging.getLogger(__name__)
 
 SAMPLES_FILE = "samples.jsonl"
@@ -64,7 +66,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def _write_jsonl_atomic(path: Path, records: list[dict[str, Any]]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temp_path(path)
     with open(tmp, "w") as handle:
         for record in records:
             handle.write(json.dumps(record) + "\n")

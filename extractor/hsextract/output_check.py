@@ -10,11 +10,11 @@ from pathlib import Path
 
 import torch
 
+from .atomic import is_temp_name
 from .data_config import read_data_config
 from .errors import OutputError
 from .formats import open_format
 from .manifest import ERRORS_FILE, SAMPLES_FILE
-from .pipeline import _TEMP_RE
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def verify_output(output: Path, on_sample: Callable[[], None] | None = None) -> 
         problem(f"rows both written and in errors.jsonl: {sorted(overlap)[:10]}")
     if config.get("status") != "complete":
         problem(f"the run's status is {config.get('status')!r}, not 'complete'; rerun the extraction to finish it")
-    strays = [p for p in output.rglob(".*") if _TEMP_RE.match(p.name)]
+    strays = [p for p in output.rglob(".*") if is_temp_name(p.name)]
     if strays:
         problem(f"{len(strays)} temporary files left, e.g. {strays[0]}")
     on_disk = {p for p in output.rglob("*") if p.is_file() and p.suffix in (".ckpt", ".safetensors")}

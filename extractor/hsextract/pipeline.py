@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 import shutil
 import threading
 import time
-from collections import Counter as Tally
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from .atomic import is_temp_name
 from .checks import DumpExpectation, LayerMismatchError, check_dump
 from .client import ServerClient, ServerIdentity, TransientServerError, parse_identity
 from .config import ExtractConfig
@@ -35,7 +34,6 @@ from .rids import make_rid
 
 log = logging.getLogger(__name__)
 
-_TEMP_RE = re.compile(r"^\..+\.tmp-\d+(-\d+)?$")
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
@@ -67,7 +65,7 @@ def sweep_temp_files(root: Path) -> int:
     """Remove temp files a killed run left behind; they are never under a final name."""
     removed = 0
     for path in root.rglob(".*.tmp-*"):
-        if _TEMP_RE.match(path.name):
+        if is_temp_name(path.name):
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
             else:
@@ -92,7 +90,6 @@ class Extraction:
         self._consecutive_failures = 0
         self._fatal: HsextractError | None = None
         self._written_now = 0
-        self._bad_now = 0
         self._failed_now = 0
         self._pinned_dtype: str | None = None
 
@@ -407,8 +404,6 @@ class Extraction:
         manifest.add_error(ErrorRecord(row, "bad_input", exc.reason, str(exc)))
         self.metrics.samples.labels("bad_input").inc()
         self.metrics.errors.labels(exc.reason).inc()
-        with self._lock:
-            self._bad_now += 1
 
     def _record_failed(self, manifest: Manifest, row: int, error: Exception | None) -> None:
         reason = getattr(error, "reason", "server")
@@ -433,7 +428,3 @@ class Extraction:
                 self._fatal = error
         log.error("stopping the run: %s", error)
         self.stop.set()
-
-
-def error_counts(manifest: Manifest) -> dict[str, int]:
-    return dict(Tally(e.reason for e in manifest.errors.values()))

@@ -7,6 +7,8 @@ import os
 import random
 from pathlib import Path
 
+from .atomic import temp_path
+
 
 def make_sample_data(path: Path, num: int = 64, vocab_size: int = 4096, seed: int = 0, max_len: int = 6000) -> Path:
     """Conversations with a realistic long-tailed length spread (log-normal, median ~600 tokens),
@@ -15,7 +17,7 @@ def make_sample_data(path: Path, num: int = 64, vocab_size: int = 4096, seed: in
     rng = random.Random(seed)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temp_path(path)
     with open(tmp, "w") as handle:
         for index in range(num):
             if index % 16 == 5:

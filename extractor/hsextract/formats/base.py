@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -24,10 +22,6 @@ class StoredSample:
     loss_mask: torch.Tensor | None  # [T], None when the format keeps it elsewhere
     aux_hidden_states: torch.Tensor  # [T, K, H]
     final_hidden_state: torch.Tensor  # [T, H], in the format's own convention (see final_norm_applied)
-
-
-def temp_path(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
 
 
 class OutputFormat(ABC):

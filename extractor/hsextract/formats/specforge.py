@@ -12,9 +12,10 @@ from pathlib import Path
 
 import torch
 
+from ..atomic import temp_path
 from ..dataset import Sample
 from ..dumps import Dump
-from .base import OutputFormat, StoredSample, temp_path
+from .base import OutputFormat, StoredSample
 
 ROWS_PER_DIR = 2000
 

@@ -19,9 +19,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..atomic import temp_path
 from ..dataset import Sample
 from ..dumps import Dump
-from .base import OutputFormat, StoredSample, temp_path
+from .base import OutputFormat, StoredSample
 
 
 class SpeculatorsFormat(OutputFormat):
