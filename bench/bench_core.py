@@ -37,15 +37,15 @@ import httpx
 import torch
 import transformers
 
+from hsextract.capture.embedded.engine import Engine
 from hsextract.config import ExtractConfig
-from hsextract.dataset import Sample, iter_raw_rows, validate_row
-from hsextract.dumps import HIDDEN_FILE, read_dump, write_dump
-from hsextract.formats.specforge import SpecForgeFormat
-from hsextract.pipeline import Extraction
-from hsextract.rids import make_rid
-from hsextract.sample_data import make_sample_data
-from hsextract.server.engine import Engine
-from hsextract.tiny_model import make_tiny_model
+from hsextract.contract.dumps import HIDDEN_FILE, read_dump, write_dump
+from hsextract.contract.rids import make_rid
+from hsextract.dev.sample_data import make_sample_data
+from hsextract.dev.tiny_model import make_tiny_model
+from hsextract.extract.dataset import Sample, iter_raw_rows, validate_row
+from hsextract.extract.formats.specforge import SpecForgeFormat
+from hsextract.extract.run import Extraction
 
 log = logging.getLogger("bench_core")
 TARGETS = {"pack_vs_copy_ratio": 0.7, "e2e_vs_forward_ratio": 0.9}

@@ -1,4 +1,4 @@
-"""GPU benchmark of the SGLang dump hook (``hsextract.sglang_hook``) on a Kimi-shaped extend batch.
+"""GPU benchmark of the SGLang dump hook (``hsextract.capture.sglang.hook``) on a Kimi-shaped extend batch.
 
 No SGLang: ``HiddenStateDumper`` is built directly and ``on_logits`` gets a stand-in ForwardBatch (default
 2 requests x 8192 tokens, 3 aux layers + final, hidden 7168, bf16, on the GPU), the aux states packed
@@ -32,10 +32,10 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from hsextract import dump_sink
-from hsextract.dumps import HIDDEN_FILE, read_dump
-from hsextract.rids import make_rid
-from hsextract.sglang_hook import HiddenStateDumper, HookConfig
+from hsextract.capture import dump_sink
+from hsextract.capture.sglang.hook import HiddenStateDumper, HookConfig
+from hsextract.contract.dumps import HIDDEN_FILE, read_dump
+from hsextract.contract.rids import make_rid
 
 TARGETS = {"hold_p90_ms_max": 10.0, "sustained_gb_per_s_min": 2.0}
 GB = 1e9

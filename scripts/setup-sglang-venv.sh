@@ -27,6 +27,6 @@ from sglang.srt.model_executor.hook_manager import register_forward_hooks
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM
-import sglang, hsextract.sglang_hook
+import sglang, hsextract.capture.sglang.hook
 print('sglang', sglang.__version__, 'imports in', '$VENV')
 "

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from hsextract.capture.embedded import EmbeddedServer, Engine
 from hsextract.config import ExtractConfig
-from hsextract.metrics import ExtractMetrics
-from hsextract.pipeline import Extraction, RunSummary
-from hsextract.server import EmbeddedServer, Engine
-from hsextract.tiny_model import make_tiny_model
+from hsextract.dev.tiny_model import make_tiny_model
+from hsextract.extract.metrics import ExtractMetrics
+from hsextract.extract.run import Extraction, RunSummary
 
 
 def free_port() -> int:

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from hsextract.dump_sink import DumpSink, ExtendBatch, Segment
-from hsextract.dumps import dump_path, dump_state, read_dump, read_error
+from hsextract.capture.dump_sink import DumpSink, ExtendBatch, Segment
+from hsextract.contract.dumps import dump_path, dump_state, read_dump, read_error
+from hsextract.contract.rids import make_rid, parse_rid
 from hsextract.errors import DumpError
-from hsextract.rids import make_rid, parse_rid
 
 K, H = 3, 8
 

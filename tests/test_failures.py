@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from hsextract.dev.sample_data import make_sample_data
 from hsextract.errors import ConfigError, ServerError
-from hsextract.sample_data import make_sample_data
 
 from .conftest import free_port, run_extraction
 

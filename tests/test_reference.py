@@ -14,8 +14,8 @@ import pytest
 import torch
 import transformers
 
-from hsextract.formats import open_format
-from hsextract.sample_data import make_sample_data
+from hsextract.dev.sample_data import make_sample_data
+from hsextract.extract.formats import open_format
 
 from .conftest import run_extraction
 

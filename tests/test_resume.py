@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from hsextract.data_config import VOLATILE_FIELDS
-from hsextract.formats import open_format
-from hsextract.sample_data import make_sample_data
+from hsextract.dev.sample_data import make_sample_data
+from hsextract.extract.data_config import VOLATILE_FIELDS
+from hsextract.extract.formats import open_format
 
 from .conftest import run_extraction
 

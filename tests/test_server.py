@@ -6,7 +6,7 @@ from pathlib import Path
 
 import httpx
 
-from hsextract.rids import make_rid
+from hsextract.contract.rids import make_rid
 
 
 def test_health_info_and_generate_shapes(model_dir, start_server) -> None:

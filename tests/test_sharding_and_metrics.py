@@ -9,10 +9,10 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from hsextract.config import ExtractConfig
-from hsextract.metrics import ExtractMetrics
-from hsextract.output_check import verify_output
-from hsextract.pipeline import Extraction
-from hsextract.sample_data import make_sample_data
+from hsextract.dev.sample_data import make_sample_data
+from hsextract.extract.metrics import ExtractMetrics
+from hsextract.extract.run import Extraction
+from hsextract.extract.verify import verify_output
 
 from .conftest import free_port, run_extraction
 

@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-from .errors import (
+from hsextract.errors import (
     BadSampleError,
     ConfigError,
     DatasetError,

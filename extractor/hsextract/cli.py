@@ -14,10 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .config import ExtractConfig, ServeConfig, add_config_arguments, load_config
-from .errors import ConfigError, HsextractError
-from .launcher import SGLangLaunchConfig
+from hsextract import __version__
+from hsextract.config import ExtractConfig, ServeConfig, SGLangLaunchConfig, add_config_arguments, load_config
+from hsextract.errors import ConfigError, HsextractError
 
 log = logging.getLogger("hsextract")
 
@@ -25,7 +24,7 @@ EXIT_FATAL, EXIT_CONFIG, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 1, 2, 3, 130
 
 
 def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
-    from .tiny_model import make_tiny_model
+    from hsextract.dev.tiny_model import make_tiny_model
 
     path = make_tiny_model(args.dir, args.arch, args.layers, args.hidden, args.vocab_size, args.seed, args.dtype)
     print(f"model written to {path}")
@@ -33,7 +32,7 @@ def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
 
 
 def _cmd_make_sample_data(args: argparse.Namespace) -> int:
-    from .sample_data import make_sample_data
+    from hsextract.dev.sample_data import make_sample_data
 
     path = make_sample_data(args.file, args.num, args.vocab_size, args.seed)
     print(f"{args.num} rows written to {path}")
@@ -41,7 +40,7 @@ def _cmd_make_sample_data(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from .server import EmbeddedServer, Engine
+    from hsextract.capture.embedded import EmbeddedServer, Engine
 
     config: ServeConfig = load_config(ServeConfig, args)
     engine = Engine(
@@ -87,7 +86,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_extract(args: argparse.Namespace) -> int:
-    from .pipeline import Extraction
+    from hsextract.extract.run import Extraction
 
     config: ExtractConfig = load_config(ExtractConfig, args)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -112,7 +111,7 @@ def _cmd_extract(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from .output_check import verify_output
+    from hsextract.extract.verify import verify_output
 
     report = verify_output(args.output)
     print(report.summary())
@@ -120,14 +119,14 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_launch_sglang(args: argparse.Namespace) -> int:
-    from .launcher import SGLangLaunchConfig, launch
+    from hsextract.capture.sglang.launcher import launch
 
     config: SGLangLaunchConfig = load_config(SGLangLaunchConfig, args)
     return launch(config, dry_run=args.dry_run)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from . import ops_status
+    from hsextract.ops import status as ops_status
 
     statuses = ops_status.gather_all(ops_status.targets_from_args(args), args.logs)
     print(ops_status.to_json(statuses) if args.json else "\n".join(ops_status.render(s) for s in statuses))
@@ -200,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Gather what the runbooks ask to look at from the inventory's extraction_containers over SSH "
         "(one connection per host), or from this machine without --inventory. Exit 1 when a host could not be reached.",
     )
-    from .ops_status import add_arguments as add_status_arguments
+    from hsextract.ops.status import add_arguments as add_status_arguments
 
     add_status_arguments(status)
     status.set_defaults(func=_cmd_status)

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hsextract.sample_data import make_sample_data
+from hsextract.dev.sample_data import make_sample_data
 
 from ..conftest import free_port
 from .conftest import RULES, Prometheus, dashboard_queries, is_sglang_only, substitute

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
-from hsextract import ops_status
-from hsextract.sample_data import make_sample_data
-from hsextract.server import EmbeddedServer, Engine
+from hsextract.capture.embedded import EmbeddedServer, Engine
+from hsextract.dev.sample_data import make_sample_data
+from hsextract.ops import status as ops_status
 
 from ..conftest import free_port, run_extraction
 from .conftest import REPO, SSHServer

@@ -26,7 +26,7 @@ from sglang.srt.model_executor.hook_manager import register_forward_hooks  # noq
 from sglang.srt.runtime_context import get_parallel, publish  # noqa: E402
 from sglang.srt.server_args import prepare_server_args  # noqa: E402
 
-from hsextract import sglang_hook  # noqa: E402
+from hsextract.capture.sglang import hook as sglang_hook  # noqa: E402
 
 VOCAB, H = 256, 16
 

@@ -8,10 +8,11 @@ from typing import Any
 import torch
 from sglang.srt.runtime_context import get_parallel
 
-from hsextract import sglang_hook
-from hsextract.dumps import dump_state, read_dump, read_error
-from hsextract.launcher import SGLangLaunchConfig, hook_specs
-from hsextract.rids import make_rid
+from hsextract.capture.sglang import hook as sglang_hook
+from hsextract.capture.sglang.launcher import hook_specs
+from hsextract.config import SGLangLaunchConfig
+from hsextract.contract.dumps import dump_state, read_dump, read_error
+from hsextract.contract.rids import make_rid
 
 from .conftest import H, decode_batch, extend_batch
 

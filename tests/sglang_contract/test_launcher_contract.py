@@ -9,8 +9,9 @@ import pytest
 from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM
 from sglang.srt.server_args import ServerArgs
 
+from hsextract.capture.sglang.launcher import _sglang_method, build_command, layer_id_argument, validate_with_sglang
+from hsextract.config import SGLangLaunchConfig
 from hsextract.errors import ConfigError
-from hsextract.launcher import SGLangLaunchConfig, _sglang_method, build_command, layer_id_argument, validate_with_sglang
 
 KIMI = dict(
     python="/opt/ml-env/bin/python", model_path="/models/Kimi-K2.5", architecture="deepseek", num_hidden_layers=61,
@@ -38,7 +39,7 @@ def test_kimi_command_parses_with_sglang_and_has_every_required_flag() -> None:
     assert list(args.return_aux_hidden_state_layer_ids) == [3, 31, 59]
     hooks = args.forward_hooks if isinstance(args.forward_hooks, list) else json.loads(args.forward_hooks)
     assert hooks[0]["target_modules"] == ["logits_processor"]
-    assert hooks[0]["hook_factory"] == "hsextract.sglang_hook:make_hook"
+    assert hooks[0]["hook_factory"] == "hsextract.capture.sglang.hook:make_hook"
     assert hooks[0]["config"]["layer_ids"] == [2, 30, 58]
 
 

@@ -17,20 +17,20 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .atomic import is_temp_name
-from .checks import DumpExpectation, LayerMismatchError, check_dump
-from .client import ServerClient, ServerIdentity, TransientServerError, parse_identity
-from .config import ExtractConfig
-from .data_config import build_data_config, read_data_config, write_data_config
-from .dataset import Sample, dataset_kind, iter_raw_rows, validate_row
-from .dumps import Dump, dump_state, read_dump, read_error, remove_dump
-from .errors import BadSampleError, ConfigError, DiskSpaceError, DumpError, HsextractError, ServerError
-from .formats import OutputFormat, open_format
-from .layers import capture_indices, resolve_aux_layer_ids
-from .manifest import ErrorRecord, Manifest, WrittenSample
-from .metrics import ExtractMetrics
-from .progress import Progress
-from .rids import make_rid
+from hsextract.config import ExtractConfig
+from hsextract.contract.atomic import is_temp_name
+from hsextract.contract.dumps import Dump, dump_state, read_dump, read_error, remove_dump
+from hsextract.contract.layers import capture_indices, resolve_aux_layer_ids
+from hsextract.contract.rids import make_rid
+from hsextract.errors import BadSampleError, ConfigError, DiskSpaceError, DumpError, HsextractError, ServerError
+from hsextract.extract.client import ServerClient, ServerIdentity, TransientServerError, parse_identity
+from hsextract.extract.data_config import build_data_config, read_data_config, write_data_config
+from hsextract.extract.dataset import Sample, dataset_kind, iter_raw_rows, validate_row
+from hsextract.extract.dump_checks import DumpExpectation, LayerMismatchError, check_dump
+from hsextract.extract.formats import OutputFormat, open_format
+from hsextract.extract.manifest import ErrorRecord, Manifest, WrittenSample
+from hsextract.extract.metrics import ExtractMetrics
+from hsextract.extract.progress import Progress
 
 log = logging.getLogger(__name__)
 

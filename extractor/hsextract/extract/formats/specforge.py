@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 
-from ..atomic import temp_path
-from ..dataset import Sample
-from ..dumps import Dump
-from .base import OutputFormat, StoredSample
+from hsextract.contract.atomic import temp_path
+from hsextract.contract.dumps import Dump
+from hsextract.extract.dataset import Sample
+from hsextract.extract.formats.base import OutputFormat, StoredSample
 
 ROWS_PER_DIR = 2000
 

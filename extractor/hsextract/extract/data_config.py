@@ -9,15 +9,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
-from .atomic import atomic_write_bytes
-from .layers import capture_indices, recorded_layer_ids
+from hsextract import __version__
+from hsextract.contract.atomic import atomic_write_bytes
+from hsextract.contract.layers import capture_indices, recorded_layer_ids
 
 if TYPE_CHECKING:
-    from .client import ServerIdentity
-    from .config import ExtractConfig
-    from .formats import OutputFormat
-    from .manifest import Manifest
+    from hsextract.config import ExtractConfig
+    from hsextract.extract.client import ServerIdentity
+    from hsextract.extract.formats import OutputFormat
+    from hsextract.extract.manifest import Manifest
 
 DATA_CONFIG_FILE = "data_config.json"
 DATA_FORMAT_VERSION = 1

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from ..dataset import Sample
-from ..dumps import Dump
+from hsextract.contract.dumps import Dump
+from hsextract.extract.dataset import Sample
 
 
 @dataclass

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import BadSampleError, DatasetError
+from hsextract.errors import BadSampleError, DatasetError
 
 
 @dataclass(frozen=True)

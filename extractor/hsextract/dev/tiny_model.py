@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .errors import ConfigError
+from hsextract.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

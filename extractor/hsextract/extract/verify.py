@@ -10,11 +10,11 @@ from pathlib import Path
 
 import torch
 
-from .atomic import is_temp_name
-from .data_config import read_data_config
-from .errors import OutputError
-from .formats import open_format
-from .manifest import ERRORS_FILE, SAMPLES_FILE
+from hsextract.contract.atomic import is_temp_name
+from hsextract.errors import OutputError
+from hsextract.extract.data_config import read_data_config
+from hsextract.extract.formats import open_format
+from hsextract.extract.manifest import ERRORS_FILE, SAMPLES_FILE
 
 log = logging.getLogger(__name__)
 

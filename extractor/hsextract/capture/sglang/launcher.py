@@ -16,14 +16,12 @@ import os
 import shlex
 import socket
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, field_validator
-
-from .config import RidPrefix, _Strict
-from .errors import ConfigError
-from .layers import capture_indices, resolve_aux_layer_ids
-from .model_config import read_model_config
+from hsextract.config import SGLangLaunchConfig
+from hsextract.contract.layers import capture_indices, resolve_aux_layer_ids
+from hsextract.contract.model_config import read_model_config
+from hsextract.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -52,43 +50,6 @@ _REFUSED_FLAGS = {
     "--cuda-graph-backend-prefill": "prefill CUDA graphs replay without running Python hooks: nothing would be dumped",
     "--enable-hierarchical-cache": "a prefix cache skips recomputing cached tokens, so their rows would never be dumped",
 }
-
-
-class SGLangLaunchConfig(_Strict):
-    """Options of ``hsextract launch-sglang`` (the YAML the Ansible role renders)."""
-
-    python: str = Field("/opt/ml-env/bin/python", description="absolute path of the ml-env interpreter that has sglang")
-    model_path: str = Field(description="model directory as the server sees it")
-    architecture: Literal["auto", "deepseek", "llama", "qwen2"] = Field(
-        "auto", description="how SGLang numbers aux layers for this model (auto: from config.json)"
-    )
-    num_hidden_layers: int | None = Field(None, gt=0, description="layer count (default: read from the model's config.json)")
-    tp_size: int = Field(1, gt=0, description="tensor parallel size")
-    dp_size: int = Field(1, gt=0, description="data parallel size (with enable_dp_attention: attention DP groups)")
-    enable_dp_attention: bool = Field(False, description="attention data parallelism")
-    host: str = Field("127.0.0.1", description="address the server listens on")
-    port: int = Field(30000, ge=1, le=65535, description="port the server listens on")
-    mem_fraction_static: float | None = Field(None, gt=0, lt=1, description="SGLang's static memory fraction")
-    chunked_prefill_size: int = Field(8192, description="tokens per extend pass (-1: no chunking); the hook assembles chunks")
-    disable_radix_cache: bool = Field(True, description="must stay true: a cached prefix is never recomputed nor dumped")
-    dump_dir: str = Field("/dev/shm/hsextract", description="dump root (tmpfs) the extractor reads")
-    rid_prefix: RidPrefix = Field("hsx", description="only rids <prefix>-<row>-n<tokens> are dumped")
-    layer_ids: list[int] | None = Field(None, description="aux layer ids, 0-based outputs (default [2, N//2, N-3])")
-    final_prenorm: bool = Field(False, description="also dump the final layer's pre-norm output (speculators format)")
-    enable_metrics: bool = Field(True, description="SGLang's own Prometheus /metrics")
-    trust_remote_code: bool = Field(True, description="pass --trust-remote-code (Kimi-K2.5 needs it)")
-    hook_queue_size: int = Field(4, gt=0, description="extend batches waiting for the dump writer before the forward waits")
-    extra_args: list[str] = Field(default_factory=list, description="further SGLang flags, checked against the refused list")
-
-    @field_validator("python")
-    @classmethod
-    def _absolute_python(cls, value: str) -> str:
-        if not os.path.isabs(value):
-            raise ValueError(
-                f"python {value!r} is not an absolute path; give the ml-env interpreter by absolute path "
-                "(a bare python3 once started the server without SGLang's dev install)"
-            )
-        return value
 
 
 def _architecture(config: SGLangLaunchConfig, model_config: dict[str, Any]) -> str:
@@ -178,7 +139,7 @@ def hook_specs(config: SGLangLaunchConfig, aux_layer_ids: list[int]) -> list[dic
         {
             "name": "hsextract_dump",
             "target_modules": ["logits_processor"],
-            "hook_factory": "hsextract.sglang_hook:make_hook",
+            "hook_factory": "hsextract.capture.sglang.hook:make_hook",
             "config": hook_config,
         }
     ]
@@ -187,7 +148,7 @@ def hook_specs(config: SGLangLaunchConfig, aux_layer_ids: list[int]) -> list[dic
             {
                 "name": "hsextract_prenorm",
                 "target_modules": ["model.norm"],
-                "hook_factory": "hsextract.sglang_hook:make_prenorm_hook",
+                "hook_factory": "hsextract.capture.sglang.hook:make_prenorm_hook",
                 "config": hook_config,
             }
         )

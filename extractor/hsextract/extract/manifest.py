@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .atomic import temp_path
+from hsextract.contract.atomic import temp_path
 
 log = logging.getLogger(__name__)
 

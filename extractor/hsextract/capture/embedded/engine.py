@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from .. import __version__
-from ..dump_sink import DumpSink, ExtendBatch, Segment
-from ..errors import ConfigError
-from ..layers import capture_indices, resolve_aux_layer_ids
+from hsextract import __version__
+from hsextract.capture.dump_sink import DumpSink, ExtendBatch, Segment
+from hsextract.contract.layers import capture_indices, resolve_aux_layer_ids
+from hsextract.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from .dumps import write_dump, write_error_marker
-from .rids import DEFAULT_PREFIX, parse_rid
+from hsextract.contract.dumps import write_dump, write_error_marker
+from hsextract.contract.rids import DEFAULT_PREFIX, parse_rid
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..atomic import temp_path
-from ..dataset import Sample
-from ..dumps import Dump
-from .base import OutputFormat, StoredSample
+from hsextract.contract.atomic import temp_path
+from hsextract.contract.dumps import Dump
+from hsextract.extract.dataset import Sample
+from hsextract.extract.formats.base import OutputFormat, StoredSample
 
 
 class SpeculatorsFormat(OutputFormat):

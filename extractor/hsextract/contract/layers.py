@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .errors import ConfigError
+from hsextract.errors import ConfigError
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:

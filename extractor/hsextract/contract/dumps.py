@@ -26,9 +26,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .atomic import atomic_write_bytes, temp_path
-from .errors import DumpError
-from .rids import parse_rid
+from hsextract.contract.atomic import atomic_write_bytes, temp_path
+from hsextract.contract.rids import parse_rid
+from hsextract.errors import DumpError
 
 HIDDEN_FILE = "hidden.safetensors"
 META_FILE = "meta.json"

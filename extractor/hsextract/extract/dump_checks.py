@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .dumps import Dump
-from .errors import DumpError
+from hsextract.contract.dumps import Dump
+from hsextract.errors import DumpError
 
 
 @dataclass(frozen=True)

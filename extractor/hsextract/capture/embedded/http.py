@@ -17,7 +17,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .engine import Engine
+from hsextract.capture.embedded.engine import Engine
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from .errors import ConfigError
+from hsextract.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

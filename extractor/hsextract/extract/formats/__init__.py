@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
-from .base import OutputFormat, StoredSample
-from .specforge import SpecForgeFormat
-from .speculators import SpeculatorsFormat
+from hsextract.extract.formats.base import OutputFormat, StoredSample
+from hsextract.extract.formats.specforge import SpecForgeFormat
+from hsextract.extract.formats.speculators import SpeculatorsFormat
 
 FORMATS: dict[str, type[OutputFormat]] = {"specforge": SpecForgeFormat, "speculators": SpeculatorsFormat}
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 
-from .errors import BadSampleError, ServerError
-from .model_config import read_model_config
+from hsextract.contract.model_config import read_model_config
+from hsextract.errors import BadSampleError, ServerError
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""SGLang integration: the dump hook (``hook.make_hook``) and the launcher (``launcher``)."""

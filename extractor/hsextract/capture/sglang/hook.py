@@ -1,0 +1,318 @@
+"""The SGLang forward hook: dump every prompt token's aux and final hidden states.
+
+Registered through SGLang's ``--forward-hooks`` server argument on the model's
+``logits_processor`` (``hsextract launch-sglang`` writes the spec)::
+
+    [{"name": "hsextract_dump", "target_modules": ["logits_processor"],
+      "hook_factory": "hsextract.capture.sglang.hook:make_hook",
+      "config": {"dump_dir": "/dev/shm/hsextract", "layer_ids": [2, 30, 58]}}]
+
+``LogitsProcessor.forward`` is called as ``(input_ids, hidden_states, lm_head, forward_batch,
+aux_hidden_states)``: the hidden states are the final post-norm ones, the aux states are already
+reduced across TP ranks (a list of K ``[n, H]`` tensors, or one packed ``[n, K*H]`` tensor for
+DeepSeek). An optional second hook, ``make_prenorm_hook`` on ``model.norm``, adds the final layer's
+output before the norm (for the speculators format).
+
+On every extend pass the hook takes the first ``sum(extend_seq_lens_cpu)`` rows (the rest is
+padding), copies the rows of extractor rids into a reusable pinned buffer on a side stream, and hands
+the batch to the :class:`DumpSink`, whose thread assembles chunks by (rid, position) and writes the
+dump. The forward thread is held for launching the copy only. Nothing here ever raises into the
+server's forward: a failure is logged and leaves an ``error`` marker for the extractor to retry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hsextract import __version__
+from hsextract.capture.dump_sink import DumpSink, ExtendBatch, Segment
+from hsextract.capture.pinned import PinnedBuffer, PinnedPool
+from hsextract.contract.dumps import write_error_marker
+from hsextract.contract.layers import capture_indices
+from hsextract.contract.rids import DEFAULT_PREFIX, check_prefix, parse_rid
+
+log = logging.getLogger(__name__)
+
+Hook = Callable[[torch.nn.Module, tuple[Any, ...], Any], None]
+
+
+@dataclass(frozen=True)
+class HookConfig:
+    dump_dir: Path
+    rid_prefix: str = DEFAULT_PREFIX
+    layer_ids: tuple[int, ...] | None = None  # aux, 0-based, as recorded in every dump's meta
+    model_path: str = ""
+    queue_size: int = 4  # extend batches copied and waiting for the writer thread
+    final_prenorm: bool = False  # expect make_prenorm_hook on model.norm as well
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> HookConfig:
+        known = set(cls.__dataclass_fields__)
+        unknown = set(raw) - known
+        if unknown:
+            raise ValueError(f"hsextract hook config has unknown keys {sorted(unknown)}; known: {sorted(known)}")
+        if not raw.get("dump_dir"):
+            raise ValueError("hsextract hook config needs dump_dir (the extractor's dump root, on tmpfs)")
+        layer_ids = raw.get("layer_ids")
+        return cls(
+            dump_dir=Path(raw["dump_dir"]),
+            rid_prefix=check_prefix(str(raw.get("rid_prefix", DEFAULT_PREFIX))),
+            layer_ids=None if layer_ids is None else tuple(int(i) for i in layer_ids),
+            model_path=str(raw.get("model_path", "")),
+            queue_size=int(raw.get("queue_size", 4)),
+            final_prenorm=bool(raw.get("final_prenorm", False)),
+        )
+
+
+def is_writer_rank() -> bool:
+    """TP rank 0 writes (the residual stream is identical on every rank after the all-reduce);
+    with attention data parallelism, attention-TP rank 0 of each group."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        return int(get_parallel().attn_tp_rank) == 0
+    except (ImportError, RuntimeError, AttributeError):
+        pass
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank() == 0
+    return True
+
+
+class HiddenStateDumper:
+    """Per-process state shared by the logits-processor hook and the pre-norm hook."""
+
+    def __init__(self, config: HookConfig) -> None:
+        self.config = config
+        meta: dict[str, Any] = {
+            "engine": "sglang",
+            "engine_version": _sglang_version(),
+            "hsextract_version": __version__,
+            "model_path": config.model_path,
+            "final_norm_applied": True,
+            "writer_rank": 0,
+        }
+        if config.layer_ids is not None:
+            meta["layer_ids"] = list(config.layer_ids)
+            meta["capture_indices"] = capture_indices(config.layer_ids)
+        self.sink = DumpSink(config.dump_dir, meta, rid_prefix=config.rid_prefix, queue_size=config.queue_size)
+        self.pool = PinnedPool(slots=config.queue_size + 2, pin=torch.cuda.is_available())
+        self._stream: Any = None
+        self._prenorm: torch.Tensor | None = None
+        self._last_error_log = 0.0
+        self.forward_seconds = 0.0  # time the forward thread spent in the hook (benchmarks read it)
+
+    # -- hooks ------------------------------------------------------------------------------------------
+    def on_norm(self, args: tuple[Any, ...], output: Any) -> None:
+        hidden = args[0]
+        residual = args[1] if len(args) > 1 else None
+        # SGLang's fused RMSNorm(x, residual) normalises x + residual: that sum is the pre-norm state.
+        self._prenorm = hidden if residual is None else hidden + residual
+
+    def on_logits(self, args: tuple[Any, ...]) -> None:
+        started = time.perf_counter()
+        wanted: list[Segment] = []
+        try:
+            input_ids, hidden, batch = args[0], args[1], args[3]
+            aux = args[4] if len(args) > 4 else None
+            prenorm, self._prenorm = self._prenorm, None
+            segments = self._segments(batch)
+            if segments is None:
+                return
+            wanted = [s for s in segments if self.sink.wants(s.rid)]
+            if not wanted:
+                return
+            if aux is None:
+                raise RuntimeError(
+                    "the server passes no aux hidden states: start it with --enable-return-aux-hidden-states "
+                    "(hsextract launch-sglang does)"
+                )
+            if self.config.final_prenorm and prenorm is None:
+                raise RuntimeError("final_prenorm is set but the pre-norm hook on model.norm did not run")
+            self._copy_and_submit(wanted, input_ids, hidden, aux, prenorm if self.config.final_prenorm else None)
+        except Exception as exc:  # never into the forward
+            self._report(exc, wanted)
+        finally:
+            self.forward_seconds += time.perf_counter() - started
+
+    # -- internals ----------------------------------------------------------------------------------------
+    @staticmethod
+    def _segments(batch: Any) -> list[Segment] | None:
+        mode = batch.forward_mode
+        extend_only = getattr(mode, "is_extend_without_speculative", None)
+        if not (extend_only() if extend_only is not None else mode.is_extend()):
+            return None  # decode, idle, speculative verify: no prompt tokens here
+        rids = batch.rids
+        lens = batch.extend_seq_lens_cpu
+        prefixes = batch.extend_prefix_lens_cpu
+        if rids is None or lens is None or prefixes is None:
+            return None
+        segments: list[Segment] = []
+        start = 0
+        for rid, length, prefix in zip(rids, lens, prefixes, strict=True):
+            segments.append(Segment(rid, int(prefix), start, int(length)))
+            start += int(length)
+        return segments
+
+    def _copy_and_submit(
+        self,
+        wanted: Sequence[Segment],
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        aux: torch.Tensor | Sequence[torch.Tensor],
+        prenorm: torch.Tensor | None,
+    ) -> None:
+        # Copy only the row range that holds wanted requests; shift their start rows to match.
+        low = min(s.start_row for s in wanted)
+        high = max(s.start_row + s.num_rows for s in wanted)
+        rows = high - low
+        width = int(hidden.shape[-1])
+        packed = isinstance(aux, torch.Tensor)
+        num_aux = int(aux.shape[-1]) // width if isinstance(aux, torch.Tensor) else len(aux)
+        if self.config.layer_ids is not None and num_aux != len(self.config.layer_ids):
+            configured = list(self.config.layer_ids)
+            raise RuntimeError(f"the server captures {num_aux} aux layers, the hook is configured for {configured}")
+        buffer = self.pool.acquire(rows, num_aux, width, hidden.dtype, prenorm=prenorm is not None)
+        try:
+            sources = [input_ids, hidden, *([aux] if isinstance(aux, torch.Tensor) else aux)]
+            if prenorm is not None:
+                sources.append(prenorm)
+            ready = self._copy(buffer, sources, low, high, width, num_aux, packed, prenorm is not None)
+        except BaseException:
+            self.pool.release(buffer)
+            raise
+        states = rows * width
+        aux_view = (
+            buffer.aux[: states * num_aux].view(rows, num_aux, width)
+            if packed
+            else buffer.aux[: states * num_aux].view(num_aux, rows, width).permute(1, 0, 2)
+        )
+        self.sink.submit(
+            ExtendBatch(
+                segments=[Segment(s.rid, s.prefix_len, s.start_row - low, s.num_rows) for s in wanted],
+                input_ids=buffer.ids[:rows],
+                aux=aux_view,
+                final=buffer.final[:states].view(rows, width),
+                final_prenorm=buffer.prenorm[:states].view(rows, width) if prenorm is not None else None,
+                ready=ready,
+                release=lambda: self.pool.release(buffer),
+            )
+        )
+
+    def _copy(
+        self,
+        buffer: PinnedBuffer,
+        sources: list[torch.Tensor],
+        low: int,
+        high: int,
+        width: int,
+        num_aux: int,
+        packed: bool,
+        with_prenorm: bool,
+    ) -> Any:
+        rows = high - low
+        states = rows * width
+        input_ids, hidden = sources[0], sources[1]
+        aux_sources = sources[2:3] if packed else sources[2 : 2 + num_aux]
+        on_gpu = hidden.is_cuda
+        stream = None
+        if on_gpu:
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(device=hidden.device)  # type: ignore[no-untyped-call]
+            stream = self._stream
+            # The side stream starts after everything queued so far (the states are final), and
+            # record_stream keeps the allocator from reusing their memory before the copy ends.
+            stream.wait_stream(torch.cuda.current_stream(hidden.device))
+        context = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        with context:
+            buffer.ids[:rows].copy_(input_ids[low:high], non_blocking=on_gpu)
+            buffer.final[:states].view(rows, width).copy_(hidden[low:high], non_blocking=on_gpu)
+            if packed:
+                buffer.aux[: states * num_aux].view(rows, num_aux * width).copy_(aux_sources[0][low:high], non_blocking=on_gpu)
+            else:
+                target = buffer.aux[: states * num_aux].view(num_aux, rows, width)
+                for k, source in enumerate(aux_sources):
+                    target[k].copy_(source[low:high], non_blocking=on_gpu)
+            if with_prenorm:
+                buffer.prenorm[:states].view(rows, width).copy_(sources[-1][low:high], non_blocking=on_gpu)
+            if stream is None:
+                return None
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record(stream)
+        for source in sources:
+            source.record_stream(stream)
+        return event
+
+    def _report(self, exc: Exception, wanted: Sequence[Segment]) -> None:
+        now = time.monotonic()
+        if now - self._last_error_log > 10:
+            self._last_error_log = now
+            log.exception("hsextract dump hook failed (reported to the extractor through error markers)")
+        for segment in wanted:
+            if parse_rid(segment.rid, self.config.rid_prefix) is not None:
+                try:
+                    write_error_marker(self.config.dump_dir, segment.rid, f"dump hook failed: {type(exc).__name__}: {exc}")
+                except Exception:
+                    log.error("could not write the error marker of %s", segment.rid)
+
+
+def _sglang_version() -> str:
+    try:
+        import sglang
+
+        return str(sglang.__version__)
+    except Exception:
+        return "unknown"
+
+
+_DUMPERS: dict[Path, HiddenStateDumper] = {}
+_DUMPERS_LOCK = threading.Lock()
+
+
+def _dumper(config: HookConfig) -> HiddenStateDumper:
+    with _DUMPERS_LOCK:
+        dumper = _DUMPERS.get(config.dump_dir)
+        if dumper is None:
+            dumper = _DUMPERS[config.dump_dir] = HiddenStateDumper(config)
+        return dumper
+
+
+def make_hook(config: dict[str, Any]) -> Hook | None:
+    """Hook factory for ``--forward-hooks`` on ``logits_processor``. None on non-writer ranks
+    (SGLang then registers nothing there)."""
+    parsed = HookConfig.parse(config)
+    if not is_writer_rank():
+        log.info("hsextract dump hook: not the writer rank, not dumping here")
+        return None
+    dumper = _dumper(parsed)
+    log.info("hsextract dump hook: dumping rids %s-* to %s", parsed.rid_prefix, parsed.dump_dir)
+
+    def hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        dumper.on_logits(args)
+
+    return hook
+
+
+def make_prenorm_hook(config: dict[str, Any]) -> Hook | None:
+    """Hook factory for ``--forward-hooks`` on ``model.norm``: keeps the pre-norm final state for
+    the next logits-processor call (same config as :func:`make_hook`, with ``final_prenorm: true``)."""
+    parsed = HookConfig.parse(config)
+    if not is_writer_rank():
+        return None
+    dumper = _dumper(parsed)
+
+    def hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        try:
+            dumper.on_norm(args, output)
+        except Exception:
+            log.exception("hsextract pre-norm hook failed")
+
+    return hook

@@ -1,0 +1,1 @@
+"""Operations helpers: status of the extraction hosts over SSH."""
