@@ -2,21 +2,29 @@
 
     HsextractError                base: the CLI prints ``Type: message`` and exits non-zero
     ├── ConfigError               a setting is wrong; raised before any work starts
+    │   ├── IdentityMismatchError the output was started with another model, layers, dataset, ...
+    │   └── UnsafeDumpDirError    a dump root that is a symlink, another user's, or writable by others
     ├── DatasetError              the dataset as a whole cannot be read
     ├── ServerError               the server is unreachable, unhealthy or kept failing
-    │   └── TransientServerError  one failure worth retrying: refused, reset, timeout, HTTP 5xx
+    │   ├── TransientServerError  one failure worth retrying: refused, reset, timeout, HTTP 5xx
+    │   └── WrongServerError      not an SGLang endpoint (401/403/404/405, HTML): never retried
     ├── DiskSpaceError            not enough free space for the estimated output
+    │   └── DiskFullError         the output or dump filesystem filled up during the run
     ├── OutputError               the output directory is inconsistent (``hsextract verify``)
+    │   └── OutputLockedError     another extractor is writing this output
     └── ReasonedError             carries ``reason``, a short key for errors.jsonl and metrics labels
         ├── BadSampleError        one row is unusable; recorded in errors.jsonl and skipped
         ├── BadRequestError       the server refuses one request (the embedded server's HTTP 400)
         └── DumpError             a hidden-state dump is missing, malformed or does not match
-            └── LayerMismatchError  the server captures other layers: every further dump would be wrong
+            ├── LayerMismatchError  the server captures other layers: every further dump would be wrong
+            └── ModelMismatchError  the dump comes from another model than the output's
 
 Every message says what was wrong, with the value, and what to do about it.
 """
 
 from __future__ import annotations
+
+from hsextract.contract.states import ErrorReason
 
 
 class HsextractError(Exception):
@@ -39,12 +47,32 @@ class TransientServerError(ServerError):
     """A failure worth retrying: connection refused or reset, timeout, HTTP 5xx."""
 
 
+class WrongServerError(ServerError):
+    """The URL answers, but not as an SGLang server would (auth wall, proxy page, wrong path)."""
+
+
+class IdentityMismatchError(ConfigError):
+    """The output holds samples of another model, layer set, dataset or setting than this run's."""
+
+
+class UnsafeDumpDirError(ConfigError):
+    """A dump root that someone else could write into: a symlink, another user's, or group/world-writable."""
+
+
 class DiskSpaceError(HsextractError):
     """The output filesystem has less free space than the run needs."""
 
 
+class DiskFullError(DiskSpaceError):
+    """A filesystem the run writes to (the output, or the server's dump root) is full."""
+
+
 class OutputError(HsextractError):
     """An output directory fails verification."""
+
+
+class OutputLockedError(OutputError):
+    """Another extractor holds the output's lock."""
 
 
 class ReasonedError(HsextractError):
@@ -58,6 +86,10 @@ class ReasonedError(HsextractError):
 class BadSampleError(ReasonedError):
     """One dataset row is unusable."""
 
+    def __init__(self, reason: ErrorReason, message: str) -> None:
+        super().__init__(reason, message)
+        self.reason: ErrorReason = reason
+
 
 class BadRequestError(ReasonedError):
     """A server refuses one request as malformed (answered with HTTP 400)."""
@@ -66,6 +98,14 @@ class BadRequestError(ReasonedError):
 class DumpError(ReasonedError):
     """A hidden-state dump is missing, malformed, or does not match its request."""
 
+    def __init__(self, reason: ErrorReason, message: str) -> None:
+        super().__init__(reason, message)
+        self.reason: ErrorReason = reason
+
 
 class LayerMismatchError(DumpError):
     """The server captures other layers than configured: every further dump would be wrong too."""
+
+
+class ModelMismatchError(DumpError):
+    """A dump was written by another model than the output's (the server was restarted on another checkpoint)."""

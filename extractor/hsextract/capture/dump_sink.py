@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from hsextract.contract.dump_dir import prepare_dump_root
 from hsextract.contract.dumps import DumpSource, write_dump, write_error_marker
 from hsextract.contract.rids import DEFAULT_PREFIX, parse_rid
 
@@ -77,8 +78,7 @@ class DumpSink:
         queue_size: int = 8,
         stale_after_s: float = 3600.0,
     ) -> None:
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = prepare_dump_root(Path(root))  # mode 0700, or an existing one only this user can write
         self.source = source
         self.rid_prefix = rid_prefix
         self.stale_after_s = stale_after_s

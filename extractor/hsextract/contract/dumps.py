@@ -10,16 +10,21 @@ One directory per request under the dump root, named by its rid::
     <root>/<rid>/done                 empty; written last. No reader touches a directory without it.
     <root>/<rid>/error                instead of ``done`` when the writer failed; holds the reason.
 
-Every file is written under a temporary name and moved into place with ``os.replace``.
+Every file is written under a temporary name and moved into place with ``os.replace``. Nothing
+here follows a symlink: directories and files are opened with ``O_NOFOLLOW`` relative to directory
+descriptors (``dump_dir.py``), so a link planted under a request id is never written through or read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
+import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,9 +34,10 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from hsextract import __version__
-from hsextract.contract.atomic import atomic_write_bytes, temp_path
+from hsextract.contract.atomic import temp_path
+from hsextract.contract.dump_dir import fd_path, is_regular_file, open_file, open_request_dir
 from hsextract.contract.rids import parse_rid
-from hsextract.contract.states import DumpState
+from hsextract.contract.states import DumpState, ErrorReason
 from hsextract.errors import DumpError
 
 HIDDEN_FILE = "hidden.safetensors"
@@ -48,7 +54,7 @@ class DumpSource:
 
     engine: str  # "sglang" or "hsextract-embedded"
     engine_version: str
-    model_path: str
+    model_path: str  # absolute, as the server resolved it
     layer_ids: list[int] | None  # aux, 0-based layer outputs
     capture_indices: list[int] | None  # the same states as SGLang's layers_to_capture (id + 1)
     final_layer_id: int | None = None  # N-1 when known
@@ -56,6 +62,7 @@ class DumpSource:
     provides_final_prenorm: bool = False  # dumps also hold final_prenorm_hidden_state
     writer_rank: int = 0
     hsextract_version: str = __version__
+    model_fingerprint: str | None = None  # contract.model_fingerprint of model_path, when readable
 
 
 @dataclass(frozen=True)
@@ -82,14 +89,14 @@ class DumpMeta:
     def from_json(cls, data: Any, where: Path) -> DumpMeta:
         """Parse ``meta.json``; DumpError ``dump_malformed`` names the missing or wrong keys."""
         if not isinstance(data, dict):
-            raise DumpError("dump_malformed", f"{where} is not a JSON object")
+            raise DumpError(ErrorReason.DUMP_MALFORMED, f"{where} is not a JSON object")
         source_fields = {f.name for f in dataclasses.fields(DumpSource)}
         own_fields = {f.name for f in dataclasses.fields(cls)} - {"source"}
         try:
             source = DumpSource(**{k: v for k, v in data.items() if k in source_fields})
             return cls(source=source, **{k: v for k, v in data.items() if k in own_fields})
         except TypeError as exc:
-            raise DumpError("dump_malformed", f"{where} does not hold a dump's metadata: {exc}") from None
+            raise DumpError(ErrorReason.DUMP_MALFORMED, f"{where} does not hold a dump's metadata: {exc}") from None
 
 
 @dataclass
@@ -107,8 +114,39 @@ class Dump:
 def dump_path(root: Path, rid: str) -> Path:
     """The directory of ``rid`` under ``root``; refuses anything that could escape the root."""
     if parse_rid(rid, rid.split("-", 1)[0]) is None:
-        raise DumpError("bad_rid", f"rid {rid!r} is not of the form <prefix>-<9 digits>-n<tokens>")
+        raise DumpError(ErrorReason.BAD_RID, f"rid {rid!r} is not of the form <prefix>-<9 digits>-n<tokens>")
     return root / rid
+
+
+def _replace_at(dir_fd: int, name: str, write: Callable[[str], None]) -> None:
+    """Write ``name`` in the directory ``dir_fd`` under a temp name, then rename it into place.
+    The temp file is created fresh (never through a symlink) and removed if the write fails."""
+    tmp = temp_path(Path(name)).name
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp, dir_fd=dir_fd)  # a leftover of this pid and thread: ours
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd))
+    try:
+        write(fd_path(dir_fd, tmp))
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # replaces a symlink itself, never its target
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+
+
+def _write_bytes_at(dir_fd: int, name: str, data: bytes) -> None:
+    def write(path: str) -> None:
+        with open(path, "wb") as handle:
+            handle.write(data)
+
+    _replace_at(dir_fd, name, write)
+
+
+def _open_for_writing(root: Path, rid: str) -> tuple[Path, int]:
+    directory = dump_path(root, rid)
+    fd = open_request_dir(directory, create=True)
+    assert fd is not None  # create=True makes it or raises
+    return directory, fd
 
 
 def write_dump(
@@ -122,74 +160,116 @@ def write_dump(
     extend_passes: int = 1,
 ) -> Path:
     """Write one complete dump. Idempotent: an existing complete dump is left as it is."""
-    directory = dump_path(root, rid)
-    if (directory / DONE_FILE).exists():
-        return directory
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / ERROR_FILE).unlink(missing_ok=True)
-    tensors = {
-        "input_ids": input_ids.to(torch.int64).contiguous(),
-        "aux_hidden_states": aux_hidden_states.contiguous(),
-        "final_hidden_state": final_hidden_state.contiguous(),
-    }
-    if final_prenorm_hidden_state is not None:
-        tensors["final_prenorm_hidden_state"] = final_prenorm_hidden_state.contiguous()
-    hidden = directory / HIDDEN_FILE
-    tmp = temp_path(hidden)
-    save_file(tensors, str(tmp), metadata={"rid": rid, "format_version": str(DUMP_FORMAT_VERSION)})
-    os.replace(tmp, hidden)
-    meta = DumpMeta(
-        rid=rid,
-        num_tokens=int(input_ids.shape[0]),
-        num_aux_layers=int(aux_hidden_states.shape[1]),
-        hidden_size=int(final_hidden_state.shape[-1]),
-        dtype=str(final_hidden_state.dtype).removeprefix("torch."),
-        has_final_prenorm=final_prenorm_hidden_state is not None,
-        extend_passes=extend_passes,
-        written_at=time.time(),
-        source=source,
-    )
-    atomic_write_bytes(directory / META_FILE, json.dumps(meta.to_json(), indent=1).encode())
-    atomic_write_bytes(directory / DONE_FILE, b"")
+    directory, dir_fd = _open_for_writing(root, rid)
+    try:
+        if is_regular_file(dir_fd, DONE_FILE):
+            return directory
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(ERROR_FILE, dir_fd=dir_fd)
+        tensors = {
+            "input_ids": input_ids.to(torch.int64).contiguous(),
+            "aux_hidden_states": aux_hidden_states.contiguous(),
+            "final_hidden_state": final_hidden_state.contiguous(),
+        }
+        if final_prenorm_hidden_state is not None:
+            tensors["final_prenorm_hidden_state"] = final_prenorm_hidden_state.contiguous()
+        metadata = {"rid": rid, "format_version": str(DUMP_FORMAT_VERSION)}
+        _replace_at(dir_fd, HIDDEN_FILE, lambda path: save_file(tensors, path, metadata=metadata))
+        meta = DumpMeta(
+            rid=rid,
+            num_tokens=int(input_ids.shape[0]),
+            num_aux_layers=int(aux_hidden_states.shape[1]),
+            hidden_size=int(final_hidden_state.shape[-1]),
+            dtype=str(final_hidden_state.dtype).removeprefix("torch."),
+            has_final_prenorm=final_prenorm_hidden_state is not None,
+            extend_passes=extend_passes,
+            written_at=time.time(),
+            source=source,
+        )
+        _write_bytes_at(dir_fd, META_FILE, json.dumps(meta.to_json(), indent=1).encode())
+        _write_bytes_at(dir_fd, DONE_FILE, b"")
+    finally:
+        os.close(dir_fd)
     return directory
 
 
 def write_error_marker(root: Path, rid: str, reason: str) -> None:
     """Leave an ``error`` marker so the extractor reports the failure and retries the request."""
-    directory = dump_path(root, rid)
-    directory.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(directory / ERROR_FILE, reason.encode())
+    _, dir_fd = _open_for_writing(root, rid)
+    try:
+        _write_bytes_at(dir_fd, ERROR_FILE, reason.encode())
+    finally:
+        os.close(dir_fd)
 
 
 def dump_state(directory: Path) -> DumpState:
-    if (directory / DONE_FILE).exists():
-        return DumpState.DONE
-    if (directory / ERROR_FILE).exists():
-        return DumpState.ERROR
-    return DumpState.PENDING
+    """``done``, ``error`` or ``pending``; DumpError ``unsafe_dump`` for a symlink or foreign file."""
+    dir_fd = open_request_dir(directory)
+    if dir_fd is None:
+        return DumpState.PENDING
+    try:
+        for name, state in ((DONE_FILE, DumpState.DONE), (ERROR_FILE, DumpState.ERROR)):
+            fd = open_file(dir_fd, name, directory)
+            if fd is not None:
+                os.close(fd)
+                return state
+        return DumpState.PENDING
+    finally:
+        os.close(dir_fd)
 
 
 def read_error(directory: Path) -> str:
     try:
-        return (directory / ERROR_FILE).read_text(errors="replace").strip() or "unknown error"
-    except FileNotFoundError:
-        return "error marker vanished"
+        dir_fd = open_request_dir(directory)
+        if dir_fd is None:
+            return "error marker vanished"
+        try:
+            fd = open_file(dir_fd, ERROR_FILE, directory)
+            if fd is None:
+                return "error marker vanished"
+            with os.fdopen(fd, "rb") as handle:
+                return handle.read(4096).decode(errors="replace").strip() or "unknown error"
+        finally:
+            os.close(dir_fd)
+    except DumpError as exc:
+        return str(exc)
 
 
 def read_dump(directory: Path) -> Dump:
-    """Read a complete dump. Raises DumpError when it is not complete or malformed."""
-    if not (directory / DONE_FILE).exists():
-        raise DumpError("dump_incomplete", f"dump {directory} has no '{DONE_FILE}' sentinel")
+    """Read a complete dump, never through a symlink. Raises DumpError when it is not complete,
+    malformed, or not a real directory and files (``unsafe_dump``)."""
+    dir_fd = open_request_dir(directory)
+    if dir_fd is None:
+        raise DumpError(ErrorReason.DUMP_INCOMPLETE, f"dump {directory} does not exist")
     try:
-        meta = DumpMeta.from_json(json.loads((directory / META_FILE).read_text()), directory / META_FILE)
-        with safe_open(str(directory / HIDDEN_FILE), framework="pt") as handle:
-            names = set(handle.keys())
-            missing = {"input_ids", "aux_hidden_states", "final_hidden_state"} - names
-            if missing:
-                raise DumpError("dump_malformed", f"dump {directory} lacks tensors {sorted(missing)}")
-            tensors = {name: handle.get_tensor(name) for name in names}
-    except (OSError, ValueError, SafetensorError) as exc:  # JSONDecodeError is a ValueError
-        raise DumpError("dump_unreadable", f"dump {directory} cannot be read: {exc}") from exc
+        done = open_file(dir_fd, DONE_FILE, directory)
+        if done is None:
+            raise DumpError(ErrorReason.DUMP_INCOMPLETE, f"dump {directory} has no '{DONE_FILE}' sentinel")
+        os.close(done)
+        try:
+            meta_fd = open_file(dir_fd, META_FILE, directory)
+            hidden_fd = open_file(dir_fd, HIDDEN_FILE, directory)
+            try:
+                if meta_fd is None or hidden_fd is None:
+                    raise DumpError(ErrorReason.DUMP_MALFORMED, f"dump {directory} is marked done but lacks its files")
+                with os.fdopen(os.dup(meta_fd), "rb") as handle:
+                    meta = DumpMeta.from_json(json.loads(handle.read()), directory / META_FILE)
+                with safe_open(fd_path(hidden_fd), framework="pt") as tensors_file:
+                    names = set(tensors_file.keys())
+                    missing = {"input_ids", "aux_hidden_states", "final_hidden_state"} - names
+                    if missing:
+                        raise DumpError(ErrorReason.DUMP_MALFORMED, f"dump {directory} lacks tensors {sorted(missing)}")
+                    tensors = {name: tensors_file.get_tensor(name) for name in names}
+            finally:
+                for fd in (meta_fd, hidden_fd):
+                    if fd is not None:
+                        os.close(fd)
+        except (OSError, ValueError, SafetensorError) as exc:  # JSONDecodeError is a ValueError
+            raise DumpError(ErrorReason.DUMP_UNREADABLE, f"dump {directory} cannot be read: {exc}") from exc
+    finally:
+        os.close(dir_fd)
+    if meta.rid != directory.name:
+        raise DumpError(ErrorReason.DUMP_MALFORMED, f"dump {directory} holds the metadata of {meta.rid!r}")
     return Dump(
         rid=directory.name,
         input_ids=tensors["input_ids"],
@@ -201,4 +281,13 @@ def read_dump(directory: Path) -> Dump:
 
 
 def remove_dump(directory: Path) -> None:
-    shutil.rmtree(directory, ignore_errors=True)
+    """Remove a request's directory; a symlink or file in its place is unlinked, never followed."""
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(directory, ignore_errors=True)  # fd-based on Linux: links inside are not followed
+    else:
+        with contextlib.suppress(OSError):
+            os.unlink(directory)

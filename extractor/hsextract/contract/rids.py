@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from hsextract.contract.defaults import RID_PREFIX
+from hsextract.contract.states import ErrorReason
 from hsextract.errors import BadSampleError, ConfigError
 
 DEFAULT_PREFIX = RID_PREFIX
@@ -37,9 +38,9 @@ def check_prefix(prefix: str) -> str:
 def make_rid(row: int, num_tokens: int, prefix: str = DEFAULT_PREFIX) -> str:
     check_prefix(prefix)
     if not 0 <= row <= MAX_ROW:
-        raise BadSampleError("row_out_of_range", f"row {row} does not fit the 9-digit rid field (0..{MAX_ROW})")
+        raise BadSampleError(ErrorReason.ROW_OUT_OF_RANGE, f"row {row} does not fit the 9-digit rid field (0..{MAX_ROW})")
     if num_tokens <= 0:
-        raise BadSampleError("empty", f"num_tokens must be positive, got {num_tokens}")
+        raise BadSampleError(ErrorReason.EMPTY, f"num_tokens must be positive, got {num_tokens}")
     return str(Rid(prefix, row, num_tokens))
 
 

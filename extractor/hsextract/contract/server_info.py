@@ -27,12 +27,14 @@ class ServerInfo:
     provides_final_prenorm: bool | None  # None: not said
     engine_version: str | None = None
     rid_prefix: str | None = None
+    model_fingerprint: str | None = None  # contract.model_fingerprint, when the server computes it
 
     def to_json(self) -> dict[str, Any]:
         return {
             "engine": self.engine,
             "engine_version": self.engine_version,
             "model_path": self.model_path,
+            "model_fingerprint": self.model_fingerprint,
             "num_hidden_layers": self.num_layers,
             "hidden_size": self.hidden_size,
             "vocab_size": self.vocab_size,
@@ -79,4 +81,5 @@ class ServerInfo:
             provides_final_prenorm=info.get("provides_final_prenorm"),
             engine_version=info.get("engine_version"),
             rid_prefix=info.get("rid_prefix"),
+            model_fingerprint=info.get("model_fingerprint"),
         )

@@ -38,3 +38,48 @@ class ErrorKind(_StrEnum):
 
     BAD_INPUT = "bad_input"  # the row itself is unusable: skipped for good
     FAILED = "failed"  # it kept failing this run: retried by the next run
+
+
+class ErrorReason(_StrEnum):
+    """The ``reason`` of a row in ``errors.jsonl`` and the label of ``hsextract_errors_total``.
+
+    Every reason the extractor can record is here, so the metric has a series (0) for each
+    from the start."""
+
+    # the dataset row itself (bad input, final)
+    EMPTY_LINE = "empty_line"
+    NOT_JSON = "not_json"
+    NOT_OBJECT = "not_object"
+    MISSING_INPUT_IDS = "missing_input_ids"
+    INPUT_IDS_NOT_LIST = "input_ids_not_list"
+    INPUT_IDS_NOT_INTEGER = "input_ids_not_integer"
+    EMPTY_INPUT_IDS = "empty_input_ids"
+    NEGATIVE_INPUT_IDS = "negative_input_ids"
+    INPUT_IDS_OUT_OF_VOCAB = "input_ids_out_of_vocab"
+    LOSS_MASK_NOT_LIST = "loss_mask_not_list"
+    LOSS_MASK_NOT_INTEGER = "loss_mask_not_integer"
+    LOSS_MASK_LENGTH = "loss_mask_length"
+    LOSS_MASK_NOT_BINARY = "loss_mask_not_binary"
+    ROW_OUT_OF_RANGE = "row_out_of_range"
+    EMPTY = "empty"
+    SERVER_REJECTED = "server_rejected"  # the server's HTTP 400 for this prompt
+    # the request or its dump (retried, then failed)
+    SERVER = "server"
+    BAD_RID = "bad_rid"
+    DUMP_INCOMPLETE = "dump_incomplete"
+    DUMP_MALFORMED = "dump_malformed"
+    DUMP_UNREADABLE = "dump_unreadable"
+    UNSAFE_DUMP = "unsafe_dump"
+    SERVER_DUMP_ERROR = "server_dump_error"
+    DUMP_DISK_FULL = "dump_disk_full"
+    DUMP_TIMEOUT = "dump_timeout"
+    TOKEN_MISMATCH = "token_mismatch"
+    SHAPE_MISMATCH = "shape_mismatch"
+    MISSING_FINAL_PRENORM = "missing_final_prenorm"
+    DTYPE_MISMATCH = "dtype_mismatch"
+    NON_FINITE = "non_finite"
+    # the whole run stops on these
+    LAYER_MISMATCH = "layer_mismatch"
+    MODEL_MISMATCH = "model_mismatch"
+    # never recorded: the run was stopping while this request waited
+    INTERRUPTED = "interrupted"

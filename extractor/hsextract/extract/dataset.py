@@ -4,16 +4,22 @@ Formats: JSONL (one JSON object a line), Parquet, and a ``datasets.save_to_disk`
 (what speculators' data preparation writes). Rows are numbered by their line or row index,
 0-based, so row numbers are stable across runs, resumes and nodes. A bad row never stops a run:
 it comes back as a :class:`BadSampleError` with a reason key.
+
+Each row also has a content hash (:func:`iter_rows`): of its line (JSONL, surrounding whitespace
+ignored) or of its record as canonical JSON (Parquet, Arrow). The output records it with every
+sample, so a resume redoes exactly the rows whose content changed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hsextract.contract.states import ErrorReason
 from hsextract.errors import BadSampleError, DatasetError
 
 
@@ -30,6 +36,27 @@ class Sample:
 
 
 RawRow = tuple[int, Any]  # (row, decoded object) or (row, BadSampleError)
+
+
+@dataclass(frozen=True)
+class DatasetRow:
+    row: int
+    raw: Any  # the decoded object, or a BadSampleError
+    digest: str  # content hash: 32 hex digits
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "tolist"):  # numpy arrays, tensors (a save_to_disk dataset in torch format)
+        return value.tolist()
+    return str(value)
+
+
+def _record_digest(record: Any) -> str:
+    return _digest(json.dumps(record, sort_keys=True, separators=(",", ":"), default=_jsonable).encode())
 
 
 def dataset_kind(path: Path) -> str:
@@ -52,34 +79,44 @@ def dataset_kind(path: Path) -> str:
 
 def iter_raw_rows(path: Path) -> Iterator[RawRow]:
     """Yield ``(row, object)`` for every row; undecodable rows as ``(row, BadSampleError)``."""
+    for item in iter_rows(path):
+        yield item.row, item.raw
+
+
+def iter_rows(path: Path) -> Iterator[DatasetRow]:
+    """Every row with its content hash; undecodable rows carry a BadSampleError as ``raw``."""
     path = Path(path)
     kind = dataset_kind(path)
     if kind == "jsonl":
         yield from _iter_jsonl(path)
     elif kind == "parquet":
-        yield from _iter_parquet(path)
+        for row, record in _iter_parquet(path):
+            yield DatasetRow(row, record, _record_digest(record))
     else:
-        yield from _iter_arrow_dir(path)
+        for row, record in _iter_arrow_dir(path):
+            yield DatasetRow(row, record, _record_digest(record))
 
 
-def _iter_jsonl(path: Path) -> Iterator[RawRow]:
+def _iter_jsonl(path: Path) -> Iterator[DatasetRow]:
     blank_rows: list[int] = []  # held back: blank lines at the very end are a trailing newline, not rows
     with open(path, "rb") as handle:
         for row, line in enumerate(handle):
-            if not line.strip():
+            content = line.strip()
+            if not content:
                 blank_rows.append(row)
                 continue
             for blank in blank_rows:
-                yield blank, BadSampleError("empty_line", f"row {blank}: line {blank + 1} is empty")
+                error = BadSampleError(ErrorReason.EMPTY_LINE, f"row {blank}: line {blank + 1} is empty")
+                yield DatasetRow(blank, error, _digest(b""))
             blank_rows.clear()
-            yield row, _decode(row, line)
+            yield DatasetRow(row, _decode(row, line), _digest(content))
 
 
 def _decode(row: int, line: bytes) -> Any:
     try:
         return json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return BadSampleError("not_json", f"row {row}: line {row + 1} is not valid JSON ({exc})")
+        return BadSampleError(ErrorReason.NOT_JSON, f"row {row}: line {row + 1} is not valid JSON ({exc})")
 
 
 def _iter_parquet(path: Path) -> Iterator[RawRow]:
@@ -116,15 +153,19 @@ def _iter_arrow_dir(path: Path) -> Iterator[RawRow]:
             row += 1
 
 
+_NOT_LIST = {"input_ids": ErrorReason.INPUT_IDS_NOT_LIST, "loss_mask": ErrorReason.LOSS_MASK_NOT_LIST}
+_NOT_INTEGER = {"input_ids": ErrorReason.INPUT_IDS_NOT_INTEGER, "loss_mask": ErrorReason.LOSS_MASK_NOT_INTEGER}
+
+
 def _as_int_list(values: Any, row: int, name: str) -> list[int]:
     if hasattr(values, "tolist"):
         values = values.tolist()
     if not isinstance(values, list | tuple):
-        raise BadSampleError(f"{name}_not_list", f"row {row}: {name} is {type(values).__name__}, not a list of integers")
+        raise BadSampleError(_NOT_LIST[name], f"row {row}: {name} is {type(values).__name__}, not a list of integers")
     out = list(values)
     if any(type(v) is not int for v in out):  # bool is not a token id either
         bad = next(v for v in out if type(v) is not int)
-        raise BadSampleError(f"{name}_not_integer", f"row {row}: {name} holds {bad!r}, not an integer")
+        raise BadSampleError(_NOT_INTEGER[name], f"row {row}: {name} holds {bad!r}, not an integer")
     return out
 
 
@@ -133,18 +174,20 @@ def validate_row(row: int, raw: Any, vocab_size: int, max_seq_len: int) -> Sampl
     if isinstance(raw, BadSampleError):
         raise raw
     if not isinstance(raw, dict):
-        raise BadSampleError("not_object", f"row {row}: expected a JSON object with input_ids, got {type(raw).__name__}")
+        raise BadSampleError(
+            ErrorReason.NOT_OBJECT, f"row {row}: expected a JSON object with input_ids, got {type(raw).__name__}"
+        )
     if raw.get("input_ids") is None:
-        raise BadSampleError("missing_input_ids", f"row {row}: no input_ids field; tokenize the dataset first")
+        raise BadSampleError(ErrorReason.MISSING_INPUT_IDS, f"row {row}: no input_ids field; tokenize the dataset first")
     ids = _as_int_list(raw["input_ids"], row, "input_ids")
     if not ids:
-        raise BadSampleError("empty_input_ids", f"row {row}: input_ids is empty")
+        raise BadSampleError(ErrorReason.EMPTY_INPUT_IDS, f"row {row}: input_ids is empty")
     low, high = min(ids), max(ids)
     if low < 0:
-        raise BadSampleError("negative_input_ids", f"row {row}: input_ids holds negative id {low}")
+        raise BadSampleError(ErrorReason.NEGATIVE_INPUT_IDS, f"row {row}: input_ids holds negative id {low}")
     if high >= vocab_size:
         raise BadSampleError(
-            "input_ids_out_of_vocab",
+            ErrorReason.INPUT_IDS_OUT_OF_VOCAB,
             f"row {row}: input_ids holds id {high}, at or above the model's vocabulary size {vocab_size}; "
             "was it tokenized for another model?",
         )
@@ -155,9 +198,9 @@ def validate_row(row: int, raw: Any, vocab_size: int, max_seq_len: int) -> Sampl
         mask = _as_int_list(mask_raw, row, "loss_mask")
         if len(mask) != len(ids):
             raise BadSampleError(
-                "loss_mask_length",
+                ErrorReason.LOSS_MASK_LENGTH,
                 f"row {row}: loss_mask has {len(mask)} entries but input_ids has {len(ids)}",
             )
         if any(v not in (0, 1) for v in mask):
-            raise BadSampleError("loss_mask_not_binary", f"row {row}: loss_mask holds values other than 0 and 1")
+            raise BadSampleError(ErrorReason.LOSS_MASK_NOT_BINARY, f"row {row}: loss_mask holds values other than 0 and 1")
     return Sample(row=row, input_ids=ids[:max_seq_len], loss_mask=mask[:max_seq_len], original_length=len(ids))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
 from hsextract.contract.dumps import Dump
-from hsextract.errors import DumpError, LayerMismatchError
+from hsextract.contract.states import ErrorReason
+from hsextract.errors import DumpError, LayerMismatchError, ModelMismatchError
 
 
 @dataclass(frozen=True)
@@ -17,22 +19,41 @@ class DumpExpectation:
     hidden_size: int
     dtype: str | None  # None: accept the first dump's dtype (then pinned by the pipeline)
     need_final_prenorm: bool
+    model_path: str = ""  # the output's model (identity.py); "" : not checked
+    model_fingerprint: str | None = None
+
+
+def _same_model(dump: Dump, expect: DumpExpectation) -> bool:
+    source = dump.meta.source
+    if expect.model_fingerprint is not None and source.model_fingerprint is not None:
+        return source.model_fingerprint == expect.model_fingerprint
+    if not expect.model_path or not source.model_path:
+        return True  # the writer does not say (a hook without model_path): the layers and shapes still are checked
+    return os.path.normpath(source.model_path) == os.path.normpath(expect.model_path)
 
 
 def check_dump(dump: Dump, sent_ids: list[int], expect: DumpExpectation) -> None:
     tokens = len(sent_ids)
+    if not _same_model(dump, expect):
+        source = dump.meta.source
+        raise ModelMismatchError(
+            ErrorReason.MODEL_MISMATCH,
+            f"dump {dump.rid} was written by model {source.model_path} (fingerprint {source.model_fingerprint}) but this "
+            f"output holds model {expect.model_path} (fingerprint {expect.model_fingerprint}): the server was restarted "
+            "on another model. Restart it on the output's model and rerun, or use a new --output",
+        )
     meta_layers = dump.meta.source.layer_ids
     meta_capture = dump.meta.source.capture_indices
     if meta_layers != expect.aux_layer_ids or meta_capture != expect.capture_indices:
         raise LayerMismatchError(
-            "layer_mismatch",
+            ErrorReason.LAYER_MISMATCH,
             f"dump {dump.rid} was captured at layer_ids {meta_layers} (capture indices {meta_capture}) but the run "
             f"expects layer_ids {expect.aux_layer_ids} (capture indices {expect.capture_indices}); restart the server "
             "with the configured layers or fix layer_ids",
         )
     if dump.input_ids.shape != (tokens,) or not torch.equal(dump.input_ids, torch.tensor(sent_ids, dtype=torch.int64)):
         raise DumpError(
-            "token_mismatch",
+            ErrorReason.TOKEN_MISMATCH,
             f"dump {dump.rid} holds {dump.input_ids.shape[0]} token ids that differ from the {tokens} sent "
             "(a cached prefix, a stale dump, or rows of another request)",
         )
@@ -40,24 +61,25 @@ def check_dump(dump: Dump, sent_ids: list[int], expect: DumpExpectation) -> None
     want_aux = (tokens, num_aux, expect.hidden_size)
     if tuple(dump.aux_hidden_states.shape) != want_aux:
         raise DumpError(
-            "shape_mismatch", f"dump {dump.rid} aux_hidden_states is {tuple(dump.aux_hidden_states.shape)}, expected {want_aux}"
+            ErrorReason.SHAPE_MISMATCH,
+            f"dump {dump.rid} aux_hidden_states is {tuple(dump.aux_hidden_states.shape)}, expected {want_aux}",
         )
     want_final = (tokens, expect.hidden_size)
     if tuple(dump.final_hidden_state.shape) != want_final:
         got = tuple(dump.final_hidden_state.shape)
-        raise DumpError("shape_mismatch", f"dump {dump.rid} final_hidden_state is {got}, expected {want_final}")
+        raise DumpError(ErrorReason.SHAPE_MISMATCH, f"dump {dump.rid} final_hidden_state is {got}, expected {want_final}")
     tensors = [dump.aux_hidden_states, dump.final_hidden_state]
     if expect.need_final_prenorm:
         prenorm = dump.final_prenorm_hidden_state
         if prenorm is None or tuple(prenorm.shape) != (tokens, expect.hidden_size):
             raise DumpError(
-                "missing_final_prenorm",
+                ErrorReason.MISSING_FINAL_PRENORM,
                 f"dump {dump.rid} has no [T, H] final_prenorm_hidden_state, which the output format needs",
             )
         tensors.append(prenorm)
     for tensor in tensors:
         dtype = str(tensor.dtype).removeprefix("torch.")
         if expect.dtype is not None and dtype != expect.dtype:
-            raise DumpError("dtype_mismatch", f"dump {dump.rid} holds {dtype} tensors, expected {expect.dtype}")
+            raise DumpError(ErrorReason.DTYPE_MISMATCH, f"dump {dump.rid} holds {dtype} tensors, expected {expect.dtype}")
         if not bool(torch.isfinite(tensor).all()):
-            raise DumpError("non_finite", f"dump {dump.rid} holds NaN or infinite values")
+            raise DumpError(ErrorReason.NON_FINITE, f"dump {dump.rid} holds NaN or infinite values")

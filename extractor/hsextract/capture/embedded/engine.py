@@ -23,8 +23,10 @@ import torch
 from hsextract import __version__
 from hsextract.capture.dump_sink import DumpSink, ExtendBatch, Segment
 from hsextract.config import ServeConfig
+from hsextract.contract.dump_dir import prepare_dump_root
 from hsextract.contract.dumps import DumpSource
 from hsextract.contract.layers import capture_indices, resolve_aux_layer_ids
+from hsextract.contract.model_fingerprint import model_fingerprint
 from hsextract.contract.server_info import ServerInfo
 from hsextract.errors import ConfigError
 
@@ -50,9 +52,12 @@ class Engine:
     def __init__(self, config: ServeConfig, dump: bool = True) -> None:
         import transformers
 
-        self.model_path = Path(config.model)
+        self.model_path = Path(config.model).resolve()  # recorded in dumps and outputs: never relative
         if not (self.model_path / "config.json").exists():
             raise ConfigError(f"model {self.model_path} has no config.json; pass a save_pretrained directory")
+        if dump:
+            prepare_dump_root(Path(config.dump_dir))  # refuse an unsafe dump root before loading the model
+        self.model_fingerprint = model_fingerprint(self.model_path)
         device, dtype = config.device, config.dtype
         if device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("device cuda asked for but torch sees no GPU; use --device cpu")
@@ -100,6 +105,7 @@ class Engine:
             engine=ENGINE_NAME,
             engine_version=__version__,
             model_path=str(self.model_path),
+            model_fingerprint=self.model_fingerprint,
             layer_ids=self.aux_layer_ids,
             capture_indices=self.capture,
             final_layer_id=self.num_layers - 1,
@@ -110,6 +116,7 @@ class Engine:
     def info(self) -> ServerInfo:
         return ServerInfo(
             model_path=str(self.model_path),
+            model_fingerprint=self.model_fingerprint,
             num_layers=self.num_layers,
             hidden_size=self.hidden_size,
             vocab_size=self.vocab_size,

@@ -37,6 +37,7 @@ from hsextract.capture.dump_sink import DumpSink, ExtendBatch, Segment
 from hsextract.capture.pinned import PinnedBuffer, PinnedPool
 from hsextract.contract.dumps import DumpSource, write_error_marker
 from hsextract.contract.layers import capture_indices
+from hsextract.contract.model_fingerprint import model_fingerprint
 from hsextract.contract.rids import DEFAULT_PREFIX, check_prefix, parse_rid
 from hsextract.errors import ConfigError
 
@@ -97,6 +98,7 @@ class HiddenStateDumper:
             engine="sglang",
             engine_version=_sglang_version(),
             model_path=config.model_path,
+            model_fingerprint=model_fingerprint(config.model_path) if config.model_path else None,
             layer_ids=layer_ids,
             capture_indices=None if layer_ids is None else capture_indices(layer_ids),
             final_norm_applied=True,

@@ -19,9 +19,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from hsextract.contract.atomic import temp_path
+from hsextract.contract.atomic import remove_quietly, temp_path
 from hsextract.contract.dumps import Dump
+from hsextract.contract.states import ErrorReason
 from hsextract.errors import DumpError
+from hsextract.extract.checksum import WrittenFile, file_checksum
 from hsextract.extract.dataset import Sample
 from hsextract.extract.formats.base import OutputFormat, StoredSample
 
@@ -30,23 +32,28 @@ class SpeculatorsFormat(OutputFormat):
     name = "speculators"
     final_norm_applied = False
     needs_final_prenorm = True
+    sample_glob = "hidden_states/hs_*.safetensors"
 
     def sample_path(self, row: int) -> Path:
         return self.root / "hidden_states" / f"hs_{row}.safetensors"
 
-    def write_sample(self, sample: Sample, dump: Dump) -> int:
+    def write_sample(self, sample: Sample, dump: Dump) -> WrittenFile:
         if dump.final_prenorm_hidden_state is None:
             raise DumpError(
-                "missing_final_prenorm", f"dump {dump.rid} has no final_prenorm_hidden_state, which speculators needs"
+                ErrorReason.MISSING_FINAL_PRENORM, f"dump {dump.rid} has no final_prenorm_hidden_state, which speculators needs"
             )
         stacked = torch.cat([dump.aux_hidden_states, dump.final_prenorm_hidden_state.unsqueeze(1)], dim=1)
         path = self.sample_path(sample.row)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = temp_path(path)
-        save_file({"token_ids": dump.input_ids.to(torch.int64), "hidden_states": stacked}, str(tmp))
-        size = tmp.stat().st_size
-        os.replace(tmp, path)
-        return size
+        try:
+            save_file({"token_ids": dump.input_ids.to(torch.int64), "hidden_states": stacked}, str(tmp))
+            written = WrittenFile(tmp.stat().st_size, file_checksum(tmp))
+            os.replace(tmp, path)
+        except BaseException:
+            remove_quietly(tmp)
+            raise
+        return written
 
     def read_sample(self, row: int) -> StoredSample:
         tensors = load_file(str(self.sample_path(row)))
@@ -85,7 +92,11 @@ class SpeculatorsFormat(OutputFormat):
         table.set_format("torch")
         final = self.root / "data"
         tmp = temp_path(final)
-        table.save_to_disk(str(tmp))
+        try:
+            table.save_to_disk(str(tmp))
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if final.exists():
             old = temp_path(final.with_name("data-old"))
             os.replace(final, old)
