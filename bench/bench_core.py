@@ -56,7 +56,7 @@ MAX_SEQ_LEN: int = ExtractConfig.model_fields["max_seq_len"].default  # the extr
 def _pack(dumps: list[Path], samples: list[Sample], out: Path) -> int:
     """The pipeline's pack stage over every dump; returns the .ckpt bytes written."""
     fmt = SpecForgeFormat(out)
-    return sum(fmt.write_sample(sample, read_dump(directory)) for directory, sample in zip(dumps, samples, strict=True))
+    return sum(fmt.write_sample(sample, read_dump(directory)).bytes for directory, sample in zip(dumps, samples, strict=True))
 
 
 def _copy(dumps: list[Path], out: Path) -> int:

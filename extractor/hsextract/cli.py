@@ -80,8 +80,15 @@ def _cmd_extract(args: argparse.Namespace) -> int:
     from hsextract.extract.run import Extraction
 
     config: ExtractConfig = load_config(ExtractConfig, args)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    summary = Extraction(config).run()
+    extraction = Extraction(config)
+
+    def stop(signum: int, frame: object) -> None:
+        # Requests in flight are cancelled (not failed), the summary and data_config.json are written.
+        extraction.request_stop(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    summary = extraction.run()
     print(
         f"\n{summary.status.upper()}: {summary.output}\n"
         f"  rows in shard {summary.rows_in_shard}: written now {summary.written_now}, already done {summary.resumed}, "
@@ -94,6 +101,7 @@ def _cmd_extract(args: argparse.Namespace) -> int:
         print(f"error: {summary.fatal_error}", file=sys.stderr)
         return EXIT_FATAL
     if summary.status is RunStatus.INTERRUPTED:
+        print(f"{summary.stop_reason}", file=sys.stderr)
         return EXIT_INTERRUPTED
     if summary.status is RunStatus.INCOMPLETE:
         print("some rows failed (see errors.jsonl, kind 'failed'); rerun the same command to retry them", file=sys.stderr)

@@ -53,13 +53,22 @@ class ExtractConfig(_Strict):
     max_seq_len: int = Field(4096, gt=0, description="longer prompts are truncated to this many tokens and counted")
     concurrency: int = Field(8, gt=0, le=1024, description="requests in flight at once")
     metrics_port: int | None = Field(None, ge=0, le=65535, description="serve Prometheus metrics on this port (0 or unset: off)")
-    metrics_host: str = Field("0.0.0.0", description="address the metrics endpoint binds to")
+    metrics_host: str = Field(
+        "127.0.0.1", description="address the metrics endpoint binds to (0.0.0.0 to let another host scrape it)"
+    )
     shard_index: int = Field(0, ge=0, description="this node's slice: rows with row %% num_shards == shard_index")
     num_shards: int = Field(1, gt=0, description="number of slices the dataset is split into")
     vocab_size: int | None = Field(None, gt=0, description="override the vocabulary size used to reject bad ids")
     rid_prefix: RidPrefix = Field(defaults.RID_PREFIX, description="prefix of the request ids the server dumps")
     shm_high_water: float = Field(
         0.85, gt=0, le=1, description="stop submitting while the dump filesystem is fuller than this fraction"
+    )
+    shm_wait_timeout_s: float = Field(
+        600.0, gt=0, description="stop the run when the dump filesystem stays that full this long with nothing in flight"
+    )
+    resume_check: Literal["checksum", "size"] = Field(
+        "checksum",
+        description="how a resume checks samples already written: checksum re-reads every file, size only stats it",
     )
     request_timeout_s: float = Field(600.0, gt=0, description="HTTP timeout of one /generate request")
     dump_timeout_s: float = Field(300.0, gt=0, description="how long to wait for a dump after its request returned")

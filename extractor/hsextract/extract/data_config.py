@@ -13,11 +13,13 @@ from hsextract import __version__
 from hsextract.contract.atomic import atomic_write_bytes
 from hsextract.contract.layers import capture_indices, recorded_layer_ids
 from hsextract.contract.states import ErrorKind, RunStatus
+from hsextract.errors import OutputError
 
 if TYPE_CHECKING:
     from hsextract.config import ExtractConfig
     from hsextract.contract.server_info import ServerInfo
     from hsextract.extract.formats import OutputFormat
+    from hsextract.extract.identity import OutputIdentity
     from hsextract.extract.manifest import Manifest
 
 DATA_CONFIG_FILE = "data_config.json"
@@ -27,11 +29,24 @@ VOLATILE_FIELDS = ("created_at", "updated_at", "created_unix", "extractor_versio
 
 
 def read_data_config(output: Path) -> dict[str, Any] | None:
+    """The output's data_config.json; None when there is none. OutputError when it is damaged."""
     path = Path(output) / DATA_CONFIG_FILE
-    if not path.exists():
+    try:
+        loaded = json.loads(path.read_text())
+    except FileNotFoundError:
         return None
-    loaded = json.loads(path.read_text())
-    return loaded if isinstance(loaded, dict) else None
+    except (OSError, ValueError) as exc:
+        raise OutputError(f"{path} cannot be read ({exc}); rerun the extraction (same command) to rewrite it") from None
+    if not isinstance(loaded, dict):
+        raise OutputError(f"{path} is not a JSON object; rerun the extraction (same command) to rewrite it")
+    return loaded
+
+
+def _previous(output: Path) -> dict[str, Any]:
+    try:
+        return read_data_config(output) or {}
+    except OutputError:
+        return {}
 
 
 def write_data_config(output: Path, data: dict[str, Any]) -> None:
@@ -50,11 +65,14 @@ def build_data_config(
     manifest: Manifest,
     rows_in_shard: int,
     status: RunStatus,
+    *,
+    output_identity: OutputIdentity | None = None,
+    stop_reason: str | None = None,
 ) -> dict[str, Any]:
     written = manifest.written.values()
     truncated = [s for s in written if s.truncated]
     errors = list(manifest.errors.values())
-    previous = read_data_config(config.output) or {}
+    previous = _previous(config.output)
     return {
         "extraction_method": f"hsextract dump hook ({identity.engine})",
         "format": fmt.name,
@@ -70,7 +88,7 @@ def build_data_config(
         "num_hidden_layers": identity.num_layers,
         "hidden_size": identity.hidden_size,
         "vocab_size": identity.vocab_size,
-        "dtype": identity.dtype,
+        "dtype": output_identity.dtype if output_identity and output_identity.dtype else identity.dtype,
         "max_seq_len": config.max_seq_len,
         "total_samples": len(manifest.written),
         "total_tokens": sum(s.num_tokens for s in written),
@@ -84,9 +102,15 @@ def build_data_config(
         "shard_index": config.shard_index,
         "num_shards": config.num_shards,
         "status": status.value,
-        "model": {"path": identity.model_path, "num_hidden_layers": identity.num_layers},
+        "stop_reason": stop_reason,
+        "model": {
+            "path": output_identity.model.path if output_identity else identity.model_path,
+            "fingerprint": output_identity.model.fingerprint if output_identity else identity.model_fingerprint,
+            "num_hidden_layers": identity.num_layers,
+        },
         "engine": identity.engine,
         "dataset": str(Path(config.dataset).resolve()),
+        "dataset_fingerprint": output_identity.dataset.fingerprint if output_identity else None,
         "extractor_version": __version__,
         "created_at": previous.get("created_at", _now()),
         "updated_at": _now(),

@@ -7,6 +7,11 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from hsextract.contract.states import ErrorReason
+
+#: the ``status`` label values of ``hsextract_samples_total``
+SAMPLE_STATUSES = ("ok", "bad_input", "failed", "resumed")
+
 
 class ExtractMetrics:
     """All metrics on one registry (pass a fresh one in tests)."""
@@ -36,10 +41,13 @@ class ExtractMetrics:
         self.planned_tokens = Gauge("hsextract_tokens_planned", "Tokens this run will write in all", registry=r)
         self.server_up = Gauge("hsextract_server_up", "1 when the server answered its last request or health check", registry=r)
         self.running = Gauge("hsextract_running", "1 while the extraction runs, 0 once it has finished", registry=r)
-        for status in ("ok", "bad_input", "failed", "resumed"):
+        # Every series exists from the start at 0: panels and rate() show 0, not "no data".
+        for status in SAMPLE_STATUSES:
             self.samples.labels(status)
+        for reason in ErrorReason:
+            self.errors.labels(reason.value)
 
-    def serve(self, port: int, host: str = "0.0.0.0") -> None:
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
         start_http_server(port, addr=host, registry=self.registry)
 
     def sample_filesystems(self, dump_dir: Path | None, output_dir: Path) -> float | None:

@@ -1,12 +1,20 @@
 """The extraction run: plan, stream requests, verify and pack dumps, record everything.
 
-One instance runs one shard of one dataset into one output directory. Rerunning the same
-command resumes: rows already written or known to be bad input are skipped, everything else is
-(re)done, and the output ends up identical to an uninterrupted run's.
+One instance runs one shard of one dataset into one output directory, holding the output's lock
+(``lock.py``). Before the first request it scans the dataset (``scan.py``), checks this run against
+the output's identity and records it (``identity.py``), and verifies what earlier runs wrote
+(``resume_check.py``). Rerunning the same command resumes: rows already written from the same row
+content into an intact file, or known to be bad input, are skipped; everything else is (re)done, and
+at one request per forward the output ends up byte-identical to an uninterrupted run's.
+
+The first request goes alone; the run fans out to ``concurrency`` once one sample is written. A
+signal (:meth:`Extraction.request_stop`) or a fatal error cancels the requests in flight (they are
+not failures) and the run ends within seconds with its summary and ``data_config.json`` written.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import logging
 import shutil
@@ -14,38 +22,59 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hsextract.config import ExtractConfig
-from hsextract.contract.atomic import is_temp_name
+from hsextract.contract.atomic import disk_full_text, is_disk_full, is_temp_name, remove_quietly
+from hsextract.contract.dump_dir import check_dump_root
 from hsextract.contract.dumps import Dump, dump_state, read_dump, read_error, remove_dump
 from hsextract.contract.layers import capture_indices, resolve_aux_layer_ids
 from hsextract.contract.rids import make_rid
 from hsextract.contract.server_info import ServerInfo
-from hsextract.contract.states import DumpState, ErrorKind, RunStatus
+from hsextract.contract.states import DumpState, ErrorKind, ErrorReason, RunStatus
 from hsextract.errors import (
     BadSampleError,
     ConfigError,
+    DiskFullError,
     DiskSpaceError,
     DumpError,
     HsextractError,
     LayerMismatchError,
+    ModelMismatchError,
+    OutputError,
     ServerError,
     TransientServerError,
+    WrongServerError,
 )
+from hsextract.extract.checksum import WrittenFile
 from hsextract.extract.client import ServerClient
 from hsextract.extract.data_config import build_data_config, read_data_config, write_data_config
-from hsextract.extract.dataset import Sample, dataset_kind, iter_raw_rows, validate_row
+from hsextract.extract.dataset import Sample, dataset_kind, iter_rows, validate_row
 from hsextract.extract.dump_checks import DumpExpectation, check_dump
 from hsextract.extract.formats import OutputFormat, open_format
-from hsextract.extract.manifest import ErrorRecord, Manifest, WrittenSample
+from hsextract.extract.identity import (
+    DatasetIdentity,
+    ModelIdentity,
+    OutputIdentity,
+    identity_from_data_config,
+    read_identity,
+    reconcile_identity,
+    write_identity,
+)
+from hsextract.extract.lock import OutputLock
+from hsextract.extract.manifest import SAMPLES_FILE, ErrorRecord, Manifest, WrittenSample, read_jsonl
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.progress import Progress
+from hsextract.extract.resume_check import check_resume
+from hsextract.extract.scan import DatasetScan, scan_dataset
+from hsextract.extract.stale_dumps import sweep_stale_dumps
 
 log = logging.getLogger(__name__)
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+#: errors after which no further request can succeed: the run stops at once
+_FATAL = (LayerMismatchError, ModelMismatchError, WrongServerError, DiskFullError)
 
 
 @dataclass
@@ -62,6 +91,7 @@ class RunSummary:
     total_tokens: int
     seconds: float
     fatal_error: str | None = None
+    stop_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -100,9 +130,44 @@ class Extraction:
         self._lock = threading.Lock()
         self._consecutive_failures = 0
         self._fatal: HsextractError | None = None
+        self._interrupted_by: str | None = None
         self._written_now = 0
         self._failed_now = 0
-        self._pinned_dtype: str | None = None
+        self._inflight = 0
+        self._identity: OutputIdentity | None = None
+        self._fanned_out = threading.Event()  # one sample went through: send at full concurrency
+        self._finished = threading.Event()
+
+    # -- stopping -----------------------------------------------------------------------------------
+    def request_stop(self, reason: str) -> None:
+        """End the run soon (safe from a signal handler): requests in flight are cancelled, not
+        failed; the summary and data_config.json are written; a rerun resumes."""
+        if self._interrupted_by is None:
+            self._interrupted_by = reason
+        self.stop.set()
+
+    def _check_stop(self) -> None:
+        if self.stop.is_set():
+            raise KeyboardInterrupt
+
+    def _watch_stop(self) -> None:
+        """Once the run is stopping, cancel what is in flight (a hung server holds requests for
+        request_timeout_s otherwise)."""
+
+        def watch() -> None:
+            while not self._finished.is_set():
+                if self.stop.wait(0.2):
+                    cancelled = self.client.cancel()
+                    why = self._interrupted_by or "a fatal error"
+                    log.warning(
+                        "stopping (%s): cancelled %d open connections to the server; requests in flight are not "
+                        "failures, a rerun does them",
+                        why,
+                        cancelled,
+                    )
+                    return
+
+        threading.Thread(target=watch, name="hsextract-stop-watch", daemon=True).start()
 
     # -- setup (nothing is written before all of it passes) -----------------------------------------
     def _preflight(self) -> tuple[ServerInfo, list[int], Path, OutputFormat]:
@@ -110,67 +175,82 @@ class Extraction:
         dataset_kind(cfg.dataset)  # raises DatasetError with the fix
         if cfg.output.exists() and not cfg.output.is_dir():
             raise ConfigError(f"output {cfg.output} exists and is not a directory; choose another --output")
-        self.client.wait_until_healthy(cfg.health_timeout_s)
+        self.client.wait_until_healthy(cfg.health_timeout_s, self.stop)
         self.metrics.server_up.set(1)
-        identity = self.client.server_info(cfg.vocab_size)
-        if cfg.expect_model and not identity.model_path.rstrip("/").endswith(cfg.expect_model.rstrip("/")):
+        try:
+            info = self.client.server_info(cfg.vocab_size)
+        except ServerError:
+            self._check_stop()  # cancelled by a signal: an interruption, not a server problem
+            raise
+        if cfg.expect_model and not info.model_path.rstrip("/").endswith(cfg.expect_model.rstrip("/")):
             raise ConfigError(
-                f"the server serves {identity.model_path!r}, not the expected model {cfg.expect_model!r}; "
+                f"the server serves {info.model_path!r}, not the expected model {cfg.expect_model!r}; "
                 "restart the server with the right model or fix expect_model"
             )
-        aux = resolve_aux_layer_ids(cfg.layer_ids or identity.layer_ids, identity.num_layers)
-        if identity.layer_ids is not None and list(identity.layer_ids) != aux:
+        if info.model_path and not info.model_path.startswith("/"):
+            log.warning(
+                "the server reports the model path %r, relative to where it was started; the output records it as is",
+                info.model_path,
+            )
+        aux = resolve_aux_layer_ids(cfg.layer_ids or info.layer_ids, info.num_layers)
+        if info.layer_ids is not None and list(info.layer_ids) != aux:
             raise ConfigError(
-                f"layer_ids {aux} are configured but the server captures {identity.layer_ids}; "
+                f"layer_ids {aux} are configured but the server captures {info.layer_ids}; "
                 "restart the server with the same layers or drop layer_ids from the extractor config"
             )
-        dump_dir = cfg.dump_dir or (Path(identity.dump_dir) if identity.dump_dir else None)
+        dump_dir = cfg.dump_dir or (Path(info.dump_dir) if info.dump_dir else None)
         if dump_dir is None:
             raise ConfigError("the server does not say where it dumps; set dump_dir (--dump-dir) to its dump root")
+        check_dump_root(dump_dir)
         fmt = open_format(cfg.format, cfg.output)
-        if fmt.needs_final_prenorm and identity.provides_final_prenorm is False:
+        if fmt.needs_final_prenorm and info.provides_final_prenorm is False:
             raise ConfigError(
                 f"format {cfg.format} needs the pre-norm final state, which this server does not dump; "
                 "use --format specforge or enable the pre-norm dump in the server's hook config"
             )
-        previous = read_data_config(cfg.output)
-        if previous is not None:
-            for key, now in (
-                ("format", cfg.format),
-                ("aux_layer_ids", aux),
-                ("hidden_size", identity.hidden_size),
-                ("max_seq_len", cfg.max_seq_len),
-            ):
-                if previous.get(key) != now:
-                    raise ConfigError(
-                        f"output {cfg.output} already holds a run with {key}={previous.get(key)!r}, this run has "
-                        f"{now!r}; use a new --output instead of mixing the two"
-                    )
-        return identity, aux, dump_dir, fmt
+        return info, aux, dump_dir, fmt
 
-    def _shard_rows(self) -> Iterator[tuple[int, object]]:
+    def _establish_identity(self, info: ServerInfo, aux: list[int], scan: DatasetScan) -> OutputIdentity:
+        """Check this run against what the output holds, and record it before the first request."""
         cfg = self.config
-        for row, raw in iter_raw_rows(cfg.dataset):
-            if row % cfg.num_shards == cfg.shard_index:
-                yield row, raw
-
-    def _plan(self, manifest: Manifest, vocab_size: int) -> Plan:
-        rows = todo = tokens = settled = 0
-        for row, raw in self._shard_rows():
-            rows += 1
-            if manifest.is_settled(row):
-                settled += 1
-                continue
+        current = OutputIdentity(
+            model=ModelIdentity(info.model_path, info.model_fingerprint, info.num_layers),
+            aux_layer_ids=aux,
+            format=cfg.format,
+            max_seq_len=cfg.max_seq_len,
+            hidden_size=info.hidden_size,
+            dtype=info.dtype,
+            shard_index=cfg.shard_index,
+            num_shards=cfg.num_shards,
+            dataset=DatasetIdentity(str(scan.path), scan.fingerprint, scan.total_rows),
+        )
+        recorded = read_identity(cfg.output)
+        if recorded is None:
             try:
-                sample = validate_row(row, raw, vocab_size, self.config.max_seq_len)
-            except BadSampleError:
-                continue
-            todo += 1
-            tokens += len(sample.input_ids)
-        return Plan(rows_in_shard=rows, todo_rows=todo, todo_tokens=tokens, settled=settled)
+                legacy = read_data_config(cfg.output)
+            except OutputError:
+                legacy = None
+            recorded = identity_from_data_config(legacy) if legacy else None
+            if recorded is None and read_jsonl(cfg.output / SAMPLES_FILE).records:
+                raise OutputError(
+                    f"output {cfg.output} holds samples but no identity.json (deleted, or written by an older hsextract "
+                    "that did not finish), so nothing says which model, layers and settings they came from. Restore "
+                    "identity.json, or use a new --output"
+                )
+        identity, notes = reconcile_identity(cfg.output, recorded, current)
+        for note in notes:
+            log.warning("%s", note)
+        write_identity(cfg.output, identity)
+        return identity
 
-    def _check_disk(self, plan: Plan, identity: ServerInfo, num_aux: int) -> None:
-        per_token = (num_aux + 1) * identity.hidden_size * _DTYPE_BYTES.get(identity.dtype or "bfloat16", 2) + 16
+    def _plan(self, scan: DatasetScan, manifest: Manifest) -> Plan:
+        settled = sum(1 for row, digest in scan.row_hashes.items() if manifest.is_settled(row, digest))
+        todo = {row: n for row, n in scan.tokens.items() if not manifest.is_settled(row, scan.row_hashes[row])}
+        return Plan(rows_in_shard=len(scan.row_hashes), todo_rows=len(todo), todo_tokens=sum(todo.values()), settled=settled)
+
+    def _check_disk(self, plan: Plan, identity: OutputIdentity) -> None:
+        dtype_bytes = _DTYPE_BYTES.get(identity.dtype or "bfloat16", 2)
+        per_token = (len(identity.aux_layer_ids) + 1) * identity.hidden_size * dtype_bytes + 16
         needed = int(plan.todo_tokens * per_token * self.config.disk_headroom)
         free = shutil.disk_usage(self.config.output).free
         self.metrics.planned_tokens.set(plan.todo_tokens)
@@ -194,44 +274,122 @@ class Extraction:
     def run(self) -> RunSummary:
         started = time.monotonic()
         cfg = self.config
-        identity, aux, dump_dir, fmt = self._preflight()
-        cfg.output.mkdir(parents=True, exist_ok=True)
+        lock = OutputLock(cfg.output)
+        self._watch_stop()
+        try:
+            if cfg.output.is_dir():
+                lock.acquire()  # before waiting for the server: a second extractor stops at once
+            info, aux, dump_dir, fmt = self._preflight()
+            cfg.output.mkdir(parents=True, exist_ok=True)
+            lock.acquire()
+            return self._run_locked(started, info, aux, dump_dir, fmt)
+        finally:
+            self._finished.set()
+            self.client.close()
+            lock.release()
+
+    def _run_locked(self, started: float, info: ServerInfo, aux: list[int], dump_dir: Path, fmt: OutputFormat) -> RunSummary:
+        cfg = self.config
         swept = sweep_temp_files(cfg.output)
         if swept:
             log.info("removed %d temporary files left by an interrupted run", swept)
+        scan = scan_dataset(cfg.dataset, cfg.shard_index, cfg.num_shards, info.vocab_size, cfg.max_seq_len, self._check_stop)
+        identity = self._identity = self._establish_identity(info, aux, scan)
         manifest = Manifest(cfg.output)
-        plan = self._plan(manifest, identity.vocab_size)
-        self._check_disk(plan, identity, len(aux))
-        if cfg.metrics_port:
-            self.metrics.serve(cfg.metrics_port, cfg.metrics_host)
-            log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, cfg.metrics_port)
-        self.metrics.planned.set(plan.rows_in_shard)
-        self.metrics.samples.labels("resumed").inc(plan.settled)
-        self.metrics.running.set(1)
-        expect = DumpExpectation(aux, capture_indices(aux), identity.hidden_size, identity.dtype, fmt.needs_final_prenorm)
-        self._pinned_dtype = identity.dtype
-        progress = Progress(plan.rows_in_shard, plan.settled, plan.todo_tokens, cfg.log_interval_s)
-        status = RunStatus.COMPLETE
+        plan = Plan(len(scan.row_hashes), 0, 0, 0)
         try:
-            self._stream(manifest, identity, fmt, dump_dir, expect, progress)
+            resume = check_resume(manifest, scan, fmt, cfg.resume_check == "checksum", self._check_stop)
+            resume.log_summary()
+            plan = self._plan(scan, manifest)
+            self._check_disk(plan, identity)
+            stale = sweep_stale_dumps(dump_dir, cfg.rid_prefix, cfg.shard_index, cfg.num_shards)
+            if stale:
+                log.info("removed %d dumps of this shard left in %s by earlier requests", stale, dump_dir)
+            if cfg.metrics_port:
+                self.metrics.serve(cfg.metrics_port, cfg.metrics_host)
+                log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, cfg.metrics_port)
+            self.metrics.planned.set(plan.rows_in_shard)
+            self.metrics.samples.labels("resumed").inc(plan.settled)
+            self.metrics.running.set(1)
+            expect = DumpExpectation(
+                aux,
+                capture_indices(aux),
+                identity.hidden_size,
+                identity.dtype,
+                fmt.needs_final_prenorm,
+                model_path=identity.model.path,
+                model_fingerprint=identity.model.fingerprint,
+            )
+            progress = Progress(plan.rows_in_shard, plan.settled, plan.todo_tokens, cfg.log_interval_s)
+            try:
+                self._stream(manifest, info.vocab_size, fmt, dump_dir, expect, progress)
+            finally:
+                progress.close()
+                self.metrics.running.set(0)
         except KeyboardInterrupt:
-            self.stop.set()
-            status = RunStatus.INTERRUPTED
-            log.warning("interrupted: stopping after the requests in flight; rerun the same command to resume")
-        finally:
-            progress.close()
-            self.metrics.running.set(0)
+            self.request_stop("interrupt")
+        except BaseException:
+            self._close_quietly(manifest)
+            raise
+        status, stop_reason = self._outcome()
+        return self._finish(started, info, aux, dump_dir, fmt, manifest, plan, status, stop_reason)
+
+    def _outcome(self) -> tuple[RunStatus, str | None]:
         if self._fatal is not None:
-            status = RunStatus.STOPPED
-        elif status is RunStatus.COMPLETE and self._failed_now:
-            status = RunStatus.INCOMPLETE
-        manifest.close()
+            return RunStatus.STOPPED, f"{type(self._fatal).__name__}: {self._fatal}"
+        if self._interrupted_by is not None:
+            return RunStatus.INTERRUPTED, f"interrupted ({self._interrupted_by}); rerun the same command to resume"
+        if self._failed_now:
+            return RunStatus.INCOMPLETE, None
+        return RunStatus.COMPLETE, None
+
+    @staticmethod
+    def _close_quietly(manifest: Manifest) -> None:
+        try:
+            manifest.close()
+        except OSError as exc:
+            log.error(
+                "could not rewrite samples.jsonl and errors.jsonl sorted (%s); they stay as appended and the next run "
+                "rewrites them",
+                exc,
+            )
+
+    def _finish(
+        self,
+        started: float,
+        info: ServerInfo,
+        aux: list[int],
+        dump_dir: Path,
+        fmt: OutputFormat,
+        manifest: Manifest,
+        plan: Plan,
+        status: RunStatus,
+        stop_reason: str | None,
+    ) -> RunSummary:
+        """Write what can be written, even on a full disk: the manifest, the format's index, data_config."""
+        cfg = self.config
+        self._close_quietly(manifest)
         if status in (RunStatus.COMPLETE, RunStatus.INCOMPLETE):
-            fmt.finalize(self._valid_samples(manifest.written, identity.vocab_size), set(manifest.written))
-        data_config = build_data_config(cfg, identity, aux, fmt, manifest, plan.rows_in_shard, status)
-        write_data_config(cfg.output, data_config)
-        self.client.close()
-        summary = RunSummary(
+            try:
+                fmt.finalize(self._valid_samples(manifest.written, info.vocab_size), set(manifest.written))
+                removed = self._remove_unlisted(fmt, manifest)
+                if removed:
+                    log.info("removed %d sample files of rows this output no longer holds", removed)
+            except (OSError, RuntimeError) as exc:
+                if not is_disk_full(exc):
+                    raise
+                self._fatal = self._disk_full(cfg.output, "the output", exc)
+                status, stop_reason = self._outcome()
+        identity = self._identity
+        data_config = build_data_config(
+            cfg, info, aux, fmt, manifest, plan.rows_in_shard, status, output_identity=identity, stop_reason=stop_reason
+        )
+        try:
+            write_data_config(cfg.output, data_config)
+        except OSError as exc:
+            log.error("could not write data_config.json (%s); the next run writes it", exc)
+        sweep_stale_dumps(dump_dir, cfg.rid_prefix, cfg.shard_index, cfg.num_shards)
+        return RunSummary(
             status=status,
             output=cfg.output,
             rows_in_shard=plan.rows_in_shard,
@@ -244,18 +402,29 @@ class Extraction:
             total_tokens=data_config["total_tokens"],
             seconds=time.monotonic() - started,
             fatal_error=None if self._fatal is None else f"{type(self._fatal).__name__}: {self._fatal}",
+            stop_reason=stop_reason,
         )
-        return summary
 
     def _valid_samples(self, rows: dict[int, WrittenSample], vocab_size: int) -> Iterator[Sample]:
-        for row, raw in self._shard_rows():
-            if row in rows:
-                yield validate_row(row, raw, vocab_size, self.config.max_seq_len)
+        for item in iter_rows(self.config.dataset):
+            if item.row in rows:
+                yield validate_row(item.row, item.raw, vocab_size, self.config.max_seq_len)
+
+    @staticmethod
+    def _remove_unlisted(fmt: OutputFormat, manifest: Manifest) -> int:
+        """Sample files of rows not written (any more): a row that left the dataset or became bad input."""
+        listed = {fmt.sample_path(row) for row in manifest.written}
+        removed = 0
+        for path in list(fmt.sample_files()):
+            if path not in listed:
+                remove_quietly(path)
+                removed += 1
+        return removed
 
     def _stream(
         self,
         manifest: Manifest,
-        identity: ServerInfo,
+        vocab_size: int,
         fmt: OutputFormat,
         dump_dir: Path,
         expect: DumpExpectation,
@@ -265,57 +434,90 @@ class Extraction:
         slots = threading.BoundedSemaphore(cfg.concurrency)
         with ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="hsextract-req") as pool:
             try:
-                for row, raw in self._shard_rows():
+                for item in iter_rows(cfg.dataset):
                     if self.stop.is_set():
                         break
-                    if manifest.is_settled(row):
+                    if item.row % cfg.num_shards != cfg.shard_index or manifest.is_settled(item.row, item.digest):
                         continue
                     try:
-                        sample = validate_row(row, raw, identity.vocab_size, cfg.max_seq_len)
+                        sample = validate_row(item.row, item.raw, vocab_size, cfg.max_seq_len)
                     except BadSampleError as exc:
-                        self._record_bad(manifest, row, exc)
+                        self._record_bad(manifest, item.row, item.digest, exc)
                         progress.advance()
                         continue
-                    self._wait_for_shm(dump_dir)
+                    if not self._wait_for_shm(dump_dir):
+                        break
                     while not slots.acquire(timeout=0.5):
                         if self.stop.is_set():
                             break
                     if self.stop.is_set():
                         break
+                    with self._lock:
+                        self._inflight += 1
                     self.metrics.inflight.inc()
-                    future: Future[None] = pool.submit(self._process, sample, manifest, fmt, dump_dir, expect)
-                    future.add_done_callback(functools.partial(self._finished, sample=sample, slots=slots, progress=progress))
+                    future: Future[None] = pool.submit(self._process, sample, item.digest, manifest, fmt, dump_dir, expect)
+                    future.add_done_callback(functools.partial(self._on_done, sample=sample, slots=slots, progress=progress))
+                    if not self._fanned_out.is_set():
+                        self._await_probe(future)
             except BaseException:
                 self.stop.set()
                 raise
 
-    def _finished(self, future: Future[None], *, sample: Sample, slots: threading.BoundedSemaphore, progress: Progress) -> None:
+    def _await_probe(self, future: Future[None]) -> None:
+        """Until one sample is written, each request goes alone: a wrong server (403, HTML) or a
+        wrong setup stops the run after one request, not after ``concurrency`` of them."""
+        while not self.stop.is_set():
+            done, _ = concurrent.futures.wait([future], timeout=0.2)
+            if done:
+                return
+
+    def _on_done(self, future: Future[None], *, sample: Sample, slots: threading.BoundedSemaphore, progress: Progress) -> None:
         self.metrics.inflight.dec()
+        with self._lock:
+            self._inflight -= 1
         slots.release()
-        if future.exception() is not None:  # a bug, not a sample problem: stop the run loudly
-            with self._lock:
-                exc = future.exception()
-                self._fatal = (
-                    exc if isinstance(exc, HsextractError) else ServerError(f"internal error on row {sample.row}: {exc!r}")
-                )
-            log.error("row %d crashed the worker: %r", sample.row, future.exception())
-            self.stop.set()
+        exc = future.exception()
+        if exc is not None:  # a bug, not a sample problem: stop the run loudly
+            log.error("row %d crashed the worker: %r", sample.row, exc)
+            self._stop_fatal(
+                exc if isinstance(exc, HsextractError) else ServerError(f"internal error on row {sample.row}: {exc!r}")
+            )
             return
         progress.advance(len(sample.input_ids))
 
-    def _wait_for_shm(self, dump_dir: Path) -> None:
-        warned = False
+    def _wait_for_shm(self, dump_dir: Path) -> bool:
+        """Wait while the dump filesystem is above the high-water mark; False when the run stops."""
+        cfg = self.config
+        full_since: float | None = None
         while not self.stop.is_set():
-            used = self.metrics.sample_filesystems(dump_dir, self.config.output)
-            if used is None or used < self.config.shm_high_water:
-                return
-            if not warned:
+            used = self.metrics.sample_filesystems(dump_dir, cfg.output)
+            if used is None or used < cfg.shm_high_water:
+                return True
+            now = time.monotonic()
+            if full_since is None:
                 log.warning("dump filesystem %s is %.0f%% full; waiting for it to drain", dump_dir, used * 100)
-                warned = True
+                full_since = now
+            with self._lock:
+                busy = self._inflight > 0
+            if busy:
+                full_since = now  # our own dumps fill it: they drain as they are packed
+            elif now - full_since >= cfg.shm_wait_timeout_s:
+                self._stop_fatal(
+                    DiskFullError(
+                        f"the dump filesystem of {dump_dir} has stayed {used:.0%} full (shm_high_water "
+                        f"{cfg.shm_high_water:.0%}) for {cfg.shm_wait_timeout_s:.0f} s with no request of this run in "
+                        f"flight: something else fills it. Free space there (df -h {dump_dir}; docs/runbooks/shm-full.md), "
+                        "then rerun the same command to resume"
+                    )
+                )
+                return False
             self.stop.wait(0.2)
+        return False
 
     # -- one sample ---------------------------------------------------------------------------------
-    def _process(self, sample: Sample, manifest: Manifest, fmt: OutputFormat, dump_dir: Path, expect: DumpExpectation) -> None:
+    def _process(
+        self, sample: Sample, row_hash: str, manifest: Manifest, fmt: OutputFormat, dump_dir: Path, expect: DumpExpectation
+    ) -> None:
         cfg = self.config
         rid = make_rid(sample.row, len(sample.input_ids), cfg.rid_prefix)
         directory = dump_dir / rid
@@ -330,17 +532,20 @@ class Extraction:
                 self.metrics.server_up.set(1)
                 dump = self._wait_for_dump(directory)
                 check_dump(dump, sample.input_ids, self._expectation(expect, dump))
-                size = fmt.write_sample(sample, dump)
+                written = self._write_sample(fmt, sample, dump)
             except BadSampleError as exc:
                 remove_dump(directory)
-                self._record_bad(manifest, sample.row, exc)
+                self._record_bad(manifest, sample.row, row_hash, exc)
                 return
-            except LayerMismatchError as exc:
+            except _FATAL as exc:
+                remove_dump(directory)
                 self._stop_fatal(exc)
                 return
             except TransientServerError as exc:
+                if self.stop.is_set():
+                    return  # cancelled because the run stops: not a failure
                 self.metrics.server_up.set(0 if not self.client.healthy() else 1)
-                self.metrics.errors.labels("server").inc()
+                self.metrics.errors.labels(ErrorReason.SERVER).inc()
                 last_error = exc
             except DumpError as exc:
                 if self.stop.is_set():
@@ -349,7 +554,7 @@ class Extraction:
                 last_error = exc
             else:
                 remove_dump(directory)
-                self._record_written(manifest, fmt, sample, size, time.monotonic() - started)
+                self._record_written(manifest, fmt, sample, row_hash, written, time.monotonic() - started)
                 return
             log.warning("row %d attempt %d/%d failed: %s", sample.row, attempt, cfg.max_attempts, last_error)
             if attempt < cfg.max_attempts:
@@ -358,22 +563,38 @@ class Extraction:
         remove_dump(directory)
         if self.stop.is_set():
             return
-        self._record_failed(manifest, sample.row, last_error)
+        self._record_failed(manifest, sample.row, row_hash, last_error)
+
+    def _write_sample(self, fmt: OutputFormat, sample: Sample, dump: Dump) -> WrittenFile:
+        try:
+            return fmt.write_sample(sample, dump)
+        except (OSError, RuntimeError) as exc:  # torch's zip writer wraps the OSError in a RuntimeError
+            if is_disk_full(exc):
+                raise self._disk_full(self.config.output, "the output", exc) from exc
+            raise
+
+    @staticmethod
+    def _disk_full(path: Path, what: str, exc: BaseException) -> DiskFullError:
+        try:
+            free = f"{shutil.disk_usage(path).free / 1e6:.1f} MB free"
+        except OSError:
+            free = "free space unknown"
+        return DiskFullError(
+            f"the filesystem of {what} ({path}, {free}) is full: {exc}. No sample was lost: free space there "
+            "(docs/runbooks/disk-full.md), then rerun the same command to resume"
+        )
 
     def _expectation(self, expect: DumpExpectation, dump: Dump) -> DumpExpectation:
-        # A server that does not report its dtype: the first dump sets it for the whole run.
-        if expect.dtype is None:
-            with self._lock:
-                if self._pinned_dtype is None:
-                    self._pinned_dtype = str(dump.final_hidden_state.dtype).removeprefix("torch.")
-                return DumpExpectation(
-                    expect.aux_layer_ids,
-                    expect.capture_indices,
-                    expect.hidden_size,
-                    self._pinned_dtype,
-                    expect.need_final_prenorm,
-                )
-        return expect
+        # A server that does not report its dtype: the first dump sets it for the whole output.
+        if expect.dtype is not None:
+            return expect
+        with self._lock:
+            identity = self._identity
+            if identity is not None and identity.dtype is None:
+                identity = self._identity = replace(identity, dtype=str(dump.final_hidden_state.dtype).removeprefix("torch."))
+                write_identity(self.config.output, identity)
+            dtype = identity.dtype if identity is not None else None
+        return replace(expect, dtype=dtype)
 
     def _wait_for_dump(self, directory: Path) -> Dump:
         # The SGLang hook writes on a background thread: the dump can land after the response.
@@ -384,41 +605,76 @@ class Extraction:
             if state is DumpState.DONE:
                 return read_dump(directory)
             if state is DumpState.ERROR:
-                raise DumpError("server_dump_error", f"the server could not dump {directory.name}: {read_error(directory)}")
+                reason = read_error(directory)
+                if disk_full_text(reason):
+                    raise DiskFullError(
+                        f"the server could not write dump {directory.name}: its dump filesystem ({directory.parent}) is "
+                        f"full ({reason}). Free space there or lower --concurrency (docs/runbooks/shm-full.md), then "
+                        "rerun the same command to resume"
+                    )
+                raise DumpError(ErrorReason.SERVER_DUMP_ERROR, f"the server could not dump {directory.name}: {reason}")
             if time.monotonic() > deadline:
                 raise DumpError(
-                    "dump_timeout",
+                    ErrorReason.DUMP_TIMEOUT,
                     f"no dump appeared at {directory} within {self.config.dump_timeout_s:.0f} s after the request "
                     "returned; is dump_dir the directory the server writes to (same host, same /dev/shm)?",
                 )
             if self.stop.wait(delay):
-                raise DumpError("interrupted", "run stopping")
+                raise DumpError(ErrorReason.INTERRUPTED, "run stopping")
             delay = min(delay * 2, 0.05)
 
     # -- bookkeeping -------------------------------------------------------------------------------
-    def _record_written(self, manifest: Manifest, fmt: OutputFormat, sample: Sample, size: int, seconds: float) -> None:
-        manifest.add_written(
-            WrittenSample(sample.row, fmt.relative(sample.row), len(sample.input_ids), sample.original_length, size)
+    def _append(self, write: functools.partial[None]) -> bool:
+        """A manifest append; a full disk stops the run (the append was cut back off)."""
+        try:
+            write()
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            self._stop_fatal(self._disk_full(self.config.output, "the output", exc))
+            return False
+        return True
+
+    def _record_written(
+        self, manifest: Manifest, fmt: OutputFormat, sample: Sample, row_hash: str, written: WrittenFile, seconds: float
+    ) -> None:
+        record = WrittenSample(
+            sample.row,
+            fmt.relative(sample.row),
+            len(sample.input_ids),
+            sample.original_length,
+            written.bytes,
+            checksum=written.checksum,
+            row_hash=row_hash,
         )
+        if not self._append(functools.partial(manifest.add_written, record)):
+            return
+        self._fanned_out.set()
         with self._lock:
             self._consecutive_failures = 0
             self._written_now += 1
         self.metrics.samples.labels("ok").inc()
         self.metrics.tokens.inc(len(sample.input_ids))
-        self.metrics.output_bytes.inc(size)
+        self.metrics.output_bytes.inc(written.bytes)
         self.metrics.request_seconds.observe(seconds)
         if sample.truncated:
             self.metrics.truncated.inc()
 
-    def _record_bad(self, manifest: Manifest, row: int, exc: BadSampleError) -> None:
+    def _record_bad(self, manifest: Manifest, row: int, row_hash: str, exc: BadSampleError) -> None:
         log.warning("skipping bad row %d: %s", row, exc)
-        manifest.add_error(ErrorRecord(row, ErrorKind.BAD_INPUT, exc.reason, str(exc)))
+        if not self._append(
+            functools.partial(manifest.add_error, ErrorRecord(row, ErrorKind.BAD_INPUT, exc.reason, str(exc), row_hash))
+        ):
+            return
         self.metrics.samples.labels("bad_input").inc()
         self.metrics.errors.labels(exc.reason).inc()
 
-    def _record_failed(self, manifest: Manifest, row: int, error: Exception | None) -> None:
-        reason = getattr(error, "reason", "server")
-        manifest.add_error(ErrorRecord(row, ErrorKind.FAILED, reason, str(error)))
+    def _record_failed(self, manifest: Manifest, row: int, row_hash: str, error: Exception | None) -> None:
+        reason = getattr(error, "reason", ErrorReason.SERVER)
+        if not self._append(
+            functools.partial(manifest.add_error, ErrorRecord(row, ErrorKind.FAILED, reason, str(error), row_hash))
+        ):
+            return
         self.metrics.samples.labels("failed").inc()
         with self._lock:
             self._failed_now += 1

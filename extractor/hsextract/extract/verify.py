@@ -1,23 +1,32 @@
-"""``hsextract verify``: re-read a whole output directory and check it against its metadata."""
+"""``hsextract verify``: re-read a whole output directory and check it against its metadata.
+
+Every problem is a line naming the file and what to do; nothing in the output, however damaged,
+gives a traceback. A run that has not finished (killed: ``identity.json`` but no
+``data_config.json``) is reported as such, and its samples are still checked.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from hsextract.contract.atomic import is_temp_name
 from hsextract.contract.states import RunStatus
 from hsextract.errors import OutputError
+from hsextract.extract.checksum import check_sample_file
 from hsextract.extract.data_config import read_data_config
-from hsextract.extract.formats import open_format
-from hsextract.extract.manifest import ERRORS_FILE, SAMPLES_FILE
+from hsextract.extract.formats import FORMATS, OutputFormat, open_format
+from hsextract.extract.identity import IDENTITY_FILE, OutputIdentity, read_identity
+from hsextract.extract.manifest import ERRORS_FILE, SAMPLES_FILE, read_jsonl
 
 log = logging.getLogger(__name__)
+
+_REDO = "rerun `hsextract extract` with the same settings: it redoes damaged and missing samples"
 
 
 @dataclass
@@ -44,79 +53,148 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def _jsonl(path: Path) -> list[dict]:  # type: ignore[type-arg]
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+@dataclass(frozen=True)
+class _Expect:
+    format: str
+    hidden_size: int
+    num_aux: int
+    max_seq_len: int
+    dtype: str | None
+
+
+def _expectations(output: Path, config: dict[str, Any] | None, identity: OutputIdentity | None) -> _Expect:
+    if config is not None:
+        try:
+            return _Expect(
+                str(config["format"]),
+                int(config["hidden_size"]),
+                len(config["aux_layer_ids"]),
+                int(config["max_seq_len"]),
+                config.get("dtype"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise OutputError(
+                f"{output}/data_config.json lacks {exc}; rerun the extraction (same command) to rewrite it"
+            ) from None
+    assert identity is not None
+    return _Expect(identity.format, identity.hidden_size, len(identity.aux_layer_ids), identity.max_seq_len, identity.dtype)
 
 
 def verify_output(output: Path, on_sample: Callable[[], None] | None = None) -> VerifyReport:
     output = Path(output)
     report = VerifyReport(output)
-    config = read_data_config(output)
-    if config is None:
-        raise OutputError(f"{output} has no data_config.json; is it an hsextract output directory?")
     problem = report.problems.append
-    fmt = open_format(config["format"], output)
-    samples = _jsonl(output / SAMPLES_FILE)
-    errors = _jsonl(output / ERRORS_FILE)
-    report.errors_recorded = len(errors)
-    hidden, num_aux = config["hidden_size"], len(config["aux_layer_ids"])
-    dtype = config.get("dtype")
-    rows_seen: set[int] = set()
-    for record in samples:
-        row = record["row"]
-        rows_seen.add(row)
-        try:
-            stored = fmt.read_sample(row)
-        except Exception as exc:
-            problem(f"row {row}: {record['file']} cannot be read: {exc}")
-            continue
-        tokens = int(stored.input_ids.shape[0])
-        if tokens != record["num_tokens"]:
-            problem(f"row {row}: {tokens} tokens in the file, {record['num_tokens']} in samples.jsonl")
-        if tokens > config["max_seq_len"]:
-            problem(f"row {row}: {tokens} tokens exceed max_seq_len {config['max_seq_len']}")
-        if tuple(stored.aux_hidden_states.shape) != (tokens, num_aux, hidden):
-            problem(f"row {row}: aux states {tuple(stored.aux_hidden_states.shape)}, expected {(tokens, num_aux, hidden)}")
-        if tuple(stored.final_hidden_state.shape) != (tokens, hidden):
-            problem(f"row {row}: final state {tuple(stored.final_hidden_state.shape)}, expected {(tokens, hidden)}")
-        if stored.loss_mask is not None and stored.loss_mask.shape != stored.input_ids.shape:
-            problem(f"row {row}: loss_mask {tuple(stored.loss_mask.shape)} does not match input_ids")
-        for name, tensor in (("aux", stored.aux_hidden_states), ("final", stored.final_hidden_state)):
-            if dtype and str(tensor.dtype).removeprefix("torch.") != dtype:
-                problem(f"row {row}: {name} dtype {tensor.dtype}, expected {dtype}")
-            if not bool(torch.isfinite(tensor).all()):
-                problem(f"row {row}: {name} holds NaN or infinite values")
-        report.samples += 1
-        report.tokens += tokens
+    config = read_data_config(output)
+    identity = read_identity(output)
+    if config is None and identity is None:
+        raise OutputError(f"{output} has no data_config.json nor {IDENTITY_FILE}; is it an hsextract output directory?")
+    if config is None:
+        problem(
+            "the run has not finished (no data_config.json: it was killed or is still running); rerun `hsextract "
+            "extract` with the same settings to finish it"
+        )
+    expect = _expectations(output, config, identity)
+    if expect.format not in FORMATS:
+        raise OutputError(f"{output} names format {expect.format!r}, which this hsextract does not know")
+    if identity is not None and config is not None:
+        for key, recorded in (
+            ("format", identity.format),
+            ("aux_layer_ids", identity.aux_layer_ids),
+            ("hidden_size", identity.hidden_size),
+            ("max_seq_len", identity.max_seq_len),
+        ):
+            if config.get(key) != recorded:
+                problem(f"data_config.json says {key} {config.get(key)!r}, {IDENTITY_FILE} {recorded!r}")
+    fmt = open_format(expect.format, output)
+    samples_file = read_jsonl(output / SAMPLES_FILE)
+    errors_file = read_jsonl(output / ERRORS_FILE)
+    for name, content in ((SAMPLES_FILE, samples_file), (ERRORS_FILE, errors_file)):
+        for line in content.torn_lines:
+            problem(f"{name} line {line} is torn or not a record (a run was killed while writing it); {_REDO}")
+    samples = {int(r["row"]): r for r in samples_file.records}  # a later line for a row wins, as in the run
+    report.errors_recorded = len(errors_file.records)
+    for row in sorted(samples):
+        _verify_sample(output, fmt, row, samples[row], expect, report)
         if on_sample is not None:
             on_sample()
-    if report.samples != config["total_samples"]:
-        problem(f"{report.samples} samples readable, data_config.json says total_samples {config['total_samples']}")
-    if report.tokens != config["total_tokens"]:
-        problem(f"{report.tokens} tokens read, data_config.json says total_tokens {config['total_tokens']}")
-    truncated = sum(1 for r in samples if r["original_length"] > r["num_tokens"])
-    if truncated != config["truncated_samples"]:
-        problem(f"{truncated} truncated samples in samples.jsonl, data_config.json says {config['truncated_samples']}")
-    overlap = rows_seen & {e["row"] for e in errors}
+    _verify_totals(config, samples, report)
+    overlap = set(samples) & {int(e["row"]) for e in errors_file.records}
     if overlap:
         problem(f"rows both written and in errors.jsonl: {sorted(overlap)[:10]}")
-    if config.get("status") != RunStatus.COMPLETE:
-        problem(f"the run's status is {config.get('status')!r}, not 'complete'; rerun the extraction to finish it")
+    if config is not None and config.get("status") != RunStatus.COMPLETE:
+        reason = f" ({config['stop_reason']})" if config.get("stop_reason") else ""
+        problem(f"the run's status is {config.get('status')!r}{reason}, not 'complete'; rerun the extraction to finish it")
     strays = [p for p in output.rglob(".*") if is_temp_name(p.name)]
     if strays:
         problem(f"{len(strays)} temporary files left, e.g. {strays[0]}")
-    on_disk = {p for p in output.rglob("*") if p.is_file() and p.suffix in (".ckpt", ".safetensors")}
-    listed = {fmt.sample_path(r) for r in rows_seen}
+    on_disk = set(fmt.sample_files())
+    listed = {fmt.sample_path(r) for r in samples}
     if on_disk - listed:
         problem(f"{len(on_disk - listed)} sample files not listed in samples.jsonl, e.g. {sorted(on_disk - listed)[0]}")
-    if config["format"] == "speculators":
-        _verify_speculators_dataset(output, rows_seen, fmt, problem)
+    if expect.format == "speculators" and config is not None:
+        _verify_speculators_dataset(output, set(samples), fmt, problem)
     return report
 
 
-def _verify_speculators_dataset(output: Path, rows: set[int], fmt, problem) -> None:  # type: ignore[no-untyped-def]
+def _verify_sample(
+    output: Path, fmt: OutputFormat, row: int, record: dict[str, Any], expect: _Expect, report: VerifyReport
+) -> None:
+    problem = report.problems.append
+    file = str(record.get("file", ""))
+    if file != fmt.relative(row):
+        problem(f"row {row}: samples.jsonl names {file!r}, but the {fmt.name} format keeps it at {fmt.relative(row)}; {_REDO}")
+        return
+    try:
+        recorded_size = int(record["bytes"])
+    except (KeyError, TypeError, ValueError):
+        problem(f"row {row}: its samples.jsonl record has no byte count; {_REDO}")
+        return
+    damage = check_sample_file(
+        output / file, recorded_size, record.get("checksum"), with_checksum=record.get("checksum") is not None
+    )
+    if damage is not None:
+        problem(f"row {row}: {output / file} {damage}; {_REDO}")
+        return
+    try:
+        stored = fmt.read_sample(row)
+    except Exception as exc:  # any reader error on a damaged file is a finding, not a crash
+        problem(f"row {row}: {output / file} cannot be read ({type(exc).__name__}: {exc}); {_REDO}")
+        return
+    tokens = int(stored.input_ids.shape[0])
+    if tokens != record.get("num_tokens"):
+        problem(f"row {row}: {tokens} tokens in the file, {record.get('num_tokens')} in samples.jsonl")
+    if tokens > expect.max_seq_len:
+        problem(f"row {row}: {tokens} tokens exceed max_seq_len {expect.max_seq_len}")
+    want_aux = (tokens, expect.num_aux, expect.hidden_size)
+    if tuple(stored.aux_hidden_states.shape) != want_aux:
+        problem(f"row {row}: aux states {tuple(stored.aux_hidden_states.shape)}, expected {want_aux}")
+    if tuple(stored.final_hidden_state.shape) != (tokens, expect.hidden_size):
+        problem(f"row {row}: final state {tuple(stored.final_hidden_state.shape)}, expected {(tokens, expect.hidden_size)}")
+    if stored.loss_mask is not None and stored.loss_mask.shape != stored.input_ids.shape:
+        problem(f"row {row}: loss_mask {tuple(stored.loss_mask.shape)} does not match input_ids")
+    for name, tensor in (("aux", stored.aux_hidden_states), ("final", stored.final_hidden_state)):
+        if expect.dtype and str(tensor.dtype).removeprefix("torch.") != expect.dtype:
+            problem(f"row {row}: {name} dtype {tensor.dtype}, expected {expect.dtype}")
+        if not bool(torch.isfinite(tensor).all()):
+            problem(f"row {row}: {name} holds NaN or infinite values")
+    report.samples += 1
+    report.tokens += tokens
+
+
+def _verify_totals(config: dict[str, Any] | None, samples: dict[int, dict[str, Any]], report: VerifyReport) -> None:
+    if config is None:
+        return
+    problem = report.problems.append
+    if report.samples != config.get("total_samples"):
+        problem(f"{report.samples} samples readable, data_config.json says total_samples {config.get('total_samples')}")
+    if report.tokens != config.get("total_tokens"):
+        problem(f"{report.tokens} tokens read, data_config.json says total_tokens {config.get('total_tokens')}")
+    truncated = sum(1 for r in samples.values() if r.get("original_length", 0) > r.get("num_tokens", 0))
+    if truncated != config.get("truncated_samples"):
+        problem(f"{truncated} truncated samples in samples.jsonl, data_config.json says {config.get('truncated_samples')}")
+
+
+def _verify_speculators_dataset(output: Path, rows: set[int], fmt: OutputFormat, problem: Callable[[str], None]) -> None:
     import datasets
 
     try:
@@ -129,6 +207,9 @@ def _verify_speculators_dataset(output: Path, rows: set[int], fmt, problem) -> N
             problem(f"row {row} is written but data/ has only {len(data)} entries")
             continue
         entry = data[row]
-        token_ids = fmt.read_sample(row).input_ids
+        try:
+            token_ids = fmt.read_sample(row).input_ids
+        except Exception:
+            continue  # reported with the sample
         if not torch.equal(entry["input_ids"], token_ids) or int(entry["seq_len"]) != token_ids.shape[0]:
             problem(f"row {row}: data/ input_ids or seq_len differ from hs_{row}.safetensors")

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from hsextract.contract.dumps import Dump
+from hsextract.extract.checksum import WrittenFile
 from hsextract.extract.dataset import Sample
 
 
@@ -30,6 +31,8 @@ class OutputFormat(ABC):
     final_norm_applied: bool
     #: whether packing needs the dump's pre-norm final state
     needs_final_prenorm: bool = False
+    #: where sample files lie, relative to the root (a glob)
+    sample_glob: str
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -38,14 +41,19 @@ class OutputFormat(ABC):
     def sample_path(self, row: int) -> Path: ...
 
     @abstractmethod
-    def write_sample(self, sample: Sample, dump: Dump) -> int:
-        """Write one sample atomically under its final name; return the bytes written."""
+    def write_sample(self, sample: Sample, dump: Dump) -> WrittenFile:
+        """Write one sample atomically under its final name; return its size and checksum.
+        A failed write leaves no temp file behind."""
 
     @abstractmethod
     def read_sample(self, row: int) -> StoredSample: ...
 
     def finalize(self, samples: Iterable[Sample], written_rows: set[int]) -> None:  # noqa: B027
         """Write whatever spans all samples (called at the end of a run)."""
+
+    def sample_files(self) -> Iterator[Path]:
+        """Every sample file in the output, listed in samples.jsonl or not."""
+        return self.root.glob(self.sample_glob)
 
     def relative(self, row: int) -> str:
         return str(self.sample_path(row).relative_to(self.root))

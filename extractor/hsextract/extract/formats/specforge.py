@@ -12,8 +12,9 @@ from pathlib import Path
 
 import torch
 
-from hsextract.contract.atomic import temp_path
+from hsextract.contract.atomic import remove_quietly, temp_path
 from hsextract.contract.dumps import Dump
+from hsextract.extract.checksum import HashingWriter, WrittenFile
 from hsextract.extract.dataset import Sample
 from hsextract.extract.formats.base import OutputFormat, StoredSample
 
@@ -34,6 +35,7 @@ def _skip_zip_crc() -> None:
 class SpecForgeFormat(OutputFormat):
     name = "specforge"
     final_norm_applied = True
+    sample_glob = "rows_*/data_*.ckpt"
 
     def __init__(self, root: Path) -> None:
         super().__init__(root)
@@ -43,7 +45,7 @@ class SpecForgeFormat(OutputFormat):
         group = row // ROWS_PER_DIR * ROWS_PER_DIR
         return self.root / f"rows_{group}-{group + ROWS_PER_DIR}" / f"data_{row}.ckpt"
 
-    def write_sample(self, sample: Sample, dump: Dump) -> int:
+    def write_sample(self, sample: Sample, dump: Dump) -> WrittenFile:
         tokens = dump.input_ids.shape[0]
         aux = dump.aux_hidden_states  # [T, K, H] contiguous: its [1, T, K*H] view is the concatenation
         record = {
@@ -55,10 +57,17 @@ class SpecForgeFormat(OutputFormat):
         path = self.sample_path(sample.row)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = temp_path(path)
-        torch.save(record, tmp)
-        size = tmp.stat().st_size
-        os.replace(tmp, path)
-        return size
+        try:
+            with open(tmp, "wb") as handle:
+                # Through a file object torch names the archive "archive", not after the temp file:
+                # the same sample gives the same bytes in every run (and we hash them on the way).
+                writer = HashingWriter(handle)
+                torch.save(record, writer)  # type: ignore[arg-type]  # any object with write() will do
+            os.replace(tmp, path)
+        except BaseException:
+            remove_quietly(tmp)
+            raise
+        return writer.result()
 
     def read_sample(self, row: int) -> StoredSample:
         record = torch.load(self.sample_path(row), weights_only=True, mmap=True)

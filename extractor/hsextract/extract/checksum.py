@@ -1,0 +1,74 @@
+"""Checksums of the sample files: taken while a file is written, checked on resume and by verify.
+
+``sha256:<hex>`` of the file's bytes. The specforge writer hashes what ``torch.save`` hands to the
+file as it goes (:class:`HashingWriter`, no second pass); the speculators writer reads its temp
+file back once (:func:`file_checksum`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+ALGORITHM = "sha256"
+_CHUNK = 4 << 20
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """What a format wrote for one sample: its size and checksum, recorded in samples.jsonl."""
+
+    bytes: int
+    checksum: str
+
+
+class HashingWriter:
+    """A write-only file object that hashes and counts what passes through it."""
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self._handle = handle
+        self._hash = hashlib.new(ALGORITHM)
+        self.bytes = 0
+
+    def write(self, data: bytes) -> int:
+        self._hash.update(data)
+        self.bytes += len(data)
+        return self._handle.write(data)
+
+    def flush(self) -> None:
+        self._handle.flush()
+
+    def result(self) -> WrittenFile:
+        return WrittenFile(self.bytes, f"{ALGORITHM}:{self._hash.hexdigest()}")
+
+
+def file_checksum(path: Path) -> str:
+    digest = hashlib.new(ALGORITHM)
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return f"{ALGORITHM}:{digest.hexdigest()}"
+
+
+def check_sample_file(path: Path, size: int, checksum: str | None, with_checksum: bool = True) -> str | None:
+    """None when the file at ``path`` is what samples.jsonl recorded; else what is wrong with it."""
+    try:
+        actual = path.stat().st_size
+    except FileNotFoundError:
+        return "is missing"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if actual != size:
+        return f"has {actual} bytes, samples.jsonl recorded {size} (truncated or overwritten)"
+    if checksum is None:
+        return "has no checksum in samples.jsonl (written by an older hsextract)" if with_checksum else None
+    if with_checksum:
+        try:
+            actual_sum = file_checksum(path)
+        except OSError as exc:
+            return f"cannot be read ({exc.strerror})"
+        if actual_sum != checksum:
+            return "does not match the checksum samples.jsonl recorded (its bytes changed after it was written)"
+    return None
