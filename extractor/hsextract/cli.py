@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(func(args))
     except ConfigError as exc:
-        print(f"ConfigError: {exc}", file=sys.stderr)
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except HsextractError as exc:
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)

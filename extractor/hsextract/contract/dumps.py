@@ -35,7 +35,7 @@ from safetensors.torch import save_file
 
 from hsextract import __version__
 from hsextract.contract.atomic import temp_path
-from hsextract.contract.dump_dir import fd_path, is_regular_file, open_file, open_request_dir
+from hsextract.contract.dump_dir import fd_path, is_regular_file, open_file, open_request_dir, prepare_dump_root
 from hsextract.contract.rids import parse_rid
 from hsextract.contract.states import DumpState, ErrorReason
 from hsextract.errors import DumpError
@@ -144,6 +144,8 @@ def _write_bytes_at(dir_fd: int, name: str, data: bytes) -> None:
 
 def _open_for_writing(root: Path, rid: str) -> tuple[Path, int]:
     directory = dump_path(root, rid)
+    if not os.path.lexists(root):
+        prepare_dump_root(root)  # normally done once by DumpSink; a direct caller gets the same checks
     fd = open_request_dir(directory, create=True)
     assert fd is not None  # create=True makes it or raises
     return directory, fd

@@ -104,8 +104,9 @@ def identity_from_data_config(config: dict[str, Any]) -> OutputIdentity | None:
     """The identity of an output written before identity.json existed (its data_config.json)."""
     try:
         model = config.get("model") or {}
+        path = str(model.get("path", ""))
         return OutputIdentity(
-            model=ModelIdentity(str(model.get("path", "")), None, int(config["num_hidden_layers"])),
+            model=ModelIdentity(path if os.path.isabs(path) else "", None, int(config["num_hidden_layers"])),
             aux_layer_ids=[int(i) for i in config["aux_layer_ids"]],
             format=str(config["format"]),
             max_seq_len=int(config["max_seq_len"]),
@@ -129,9 +130,12 @@ def _same_path(a: str, b: str) -> bool:
 
 
 def same_model(recorded: ModelIdentity, path: str, fingerprint: str | None) -> bool:
-    """The fingerprints decide where both are known; otherwise the paths."""
+    """The fingerprints decide where both are known; otherwise the paths. An output of an older
+    version that recorded a relative path (``path`` ""): nothing to compare, the layers and shapes are."""
     if recorded.fingerprint is not None and fingerprint is not None:
         return recorded.fingerprint == fingerprint
+    if not recorded.path:
+        return True
     return bool(path) and _same_path(recorded.path, path)
 
 

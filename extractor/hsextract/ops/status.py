@@ -229,7 +229,7 @@ def parse_metrics(text: str, elapsed_s: float | None = None) -> Progress:
         by_status=by_status,
         tokens=int(one("hsextract_tokens_total")),
         tokens_planned=int(one("hsextract_tokens_planned")),
-        errors=by("hsextract_errors_total", "reason"),
+        errors={reason: n for reason, n in by("hsextract_errors_total", "reason").items() if n},  # every reason has a series
         inflight=int(one("hsextract_inflight_requests")),
         elapsed_s=elapsed_s,
     )
