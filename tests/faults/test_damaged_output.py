@@ -1,0 +1,68 @@
+"""A damaged output: verify names each damaged file and the fix (never a traceback), and a rerun
+repairs exactly what is damaged."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from ..conftest import run_extraction
+from .conftest import assert_same_output, make_rows, run_extract, write_rows
+
+
+def _verify_cli(output: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hsextract", "verify", str(output)], capture_output=True, text=True, timeout=120)
+
+
+def test_truncated_altered_or_missing_samples_are_reported_and_redone(models, start_server, tmp_path: Path) -> None:
+    server = start_server(models["main"])
+    dataset = write_rows(tmp_path / "data.jsonl", make_rows(8, seed=10))
+    reference = tmp_path / "reference"
+    run_extraction(server.url, dataset, reference, concurrency=1)
+    output = tmp_path / "out"
+    run_extraction(server.url, dataset, output, concurrency=1)
+    group = output / "rows_0-2000"
+    truncated, altered, missing = group / "data_2.ckpt", group / "data_5.ckpt", group / "data_6.ckpt"
+    with open(truncated, "r+b") as handle:
+        handle.truncate(truncated.stat().st_size // 2)
+    with open(altered, "r+b") as handle:  # same size, other bytes: only the checksum sees it
+        handle.seek(altered.stat().st_size - 100)
+        handle.write(b"\x00" * 50)
+    missing.unlink()
+
+    report = _verify_cli(output)
+    assert report.returncode == 1, report.stdout
+    assert "Traceback" not in report.stdout + report.stderr
+    for path, what in ((truncated, "bytes, samples.jsonl recorded"), (altered, "checksum"), (missing, "is missing")):
+        line = next((ln for ln in report.stdout.splitlines() if str(path) in ln), "")
+        assert what in line and "rerun `hsextract extract` with the same settings" in line, report.stdout
+
+    rerun = run_extract(server.url, dataset, output)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "3 damaged or missing files" in rerun.stderr
+    assert "written now 3, already done 5" in rerun.stdout
+    assert_same_output(output, reference)
+
+
+def test_torn_last_line_of_samples_jsonl(models, start_server, tmp_path: Path) -> None:
+    """What a crash mid-append leaves (the manifest expects it): verify reports it, a rerun mends it."""
+    server = start_server(models["main"])
+    dataset = write_rows(tmp_path / "data.jsonl", make_rows(6, seed=11))
+    reference = tmp_path / "reference"
+    run_extraction(server.url, dataset, reference, concurrency=1)
+    output = tmp_path / "out"
+    run_extraction(server.url, dataset, output, concurrency=1)
+    samples = output / "samples.jsonl"
+    lines = samples.read_text().splitlines(keepends=True)
+    samples.write_text("".join(lines[:-1]) + lines[-1][:40])  # the last record torn mid-line
+
+    report = _verify_cli(output)
+    assert report.returncode == 1, report.stdout + report.stderr
+    assert "Traceback" not in report.stdout + report.stderr
+    assert "samples.jsonl line 6 is torn" in report.stdout
+
+    rerun = run_extract(server.url, dataset, output)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "written now 1, already done 5" in rerun.stdout
+    assert_same_output(output, reference)

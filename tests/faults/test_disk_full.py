@@ -1,0 +1,79 @@
+"""A filesystem fills up mid-run (another writer takes the space): the run stops cleanly, says so,
+leaves no temp files, and the rerun after freeing space completes. Real tmpfs mounts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ..conftest import run_extraction
+from .conftest import assert_same_output, fill, make_rows, run_extract, samples_written, start_extract, wait_for, write_rows
+
+LEAVE = 32 * 1024  # less than any sample or dump of these rows (40+ tokens x 1 KB)
+
+
+def _temp_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob(".*") if ".tmp-" in p.name]
+
+
+def test_output_disk_full_mid_run(models, start_server, tmpfs, tmp_path: Path) -> None:
+    server = start_server(models["main"])
+    dataset = write_rows(tmp_path / "data.jsonl", make_rows(20, seed=12))
+    reference = tmp_path / "reference"
+    run_extraction(server.url, dataset, reference, concurrency=1)
+    disk = tmpfs("outfs", 6 << 20)
+    output = disk / "out"
+
+    process = start_extract(server.url, dataset, output)
+    wait_for(lambda: samples_written(output) >= 3, what="3 samples", process=process)
+    filler = fill(disk, LEAVE)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 1, stderr
+    assert "STOPPED" in stdout and "DiskFullError" in stderr and "free space there" in stderr
+    assert "Traceback" not in stderr and "crashed the worker" not in stderr
+    config = json.loads((output / "data_config.json").read_text())
+    assert config["status"] == "stopped" and "DiskFullError" in config["stop_reason"]
+    assert config["total_samples"] < 20
+    assert not _temp_files(output)
+
+    filler.unlink()
+    rerun = run_extract(server.url, dataset, output)
+    assert rerun.returncode == 0, rerun.stderr
+    assert_same_output(output, reference)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("--shm-high-water", "1.0"),  # submits anyway: the server's dump write fails with ENOSPC
+        ("--shm-wait-timeout-s", "2"),  # above the high-water mark with nothing in flight: gives up
+    ],
+    ids=["dump-write-fails", "stays-above-high-water"],
+)
+def test_dump_filesystem_full_mid_run(extra: tuple[str, str], models, start_server, tmpfs, tmp_path: Path) -> None:
+    shm = tmpfs("shm", 1 << 20)
+    dumps = shm / "dumps"
+    server = start_server(models["main"], dump_dir=dumps)
+    dataset = write_rows(tmp_path / "data.jsonl", make_rows(20, seed=13))
+    reference = tmp_path / "reference"
+    run_extraction(server.url, dataset, reference, concurrency=1)
+    output = tmp_path / "out"
+
+    process = start_extract(server.url, dataset, output, *extra)
+    wait_for(lambda: samples_written(output) >= 3, what="3 samples", process=process)
+    filler = fill(shm, LEAVE)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 1, stderr
+    assert "DiskFullError" in stderr and str(dumps) in stderr
+    config = json.loads((output / "data_config.json").read_text())
+    assert config["status"] == "stopped" and "DiskFullError" in config["stop_reason"]
+    errors = (output / "errors.jsonl").read_text()
+    assert errors == "", f"rows were recorded as failed: {errors}"
+    assert list(dumps.iterdir()) == [], "dumps or temp files were left in the dump dir"
+
+    filler.unlink()
+    rerun = run_extract(server.url, dataset, output)
+    assert rerun.returncode == 0, rerun.stderr
+    assert_same_output(output, reference)

@@ -1,0 +1,60 @@
+"""One extractor per output: a second one exits at once, naming the holder; the first one is unharmed."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from pathlib import Path
+
+from ..conftest import run_extraction
+from .conftest import assert_same_output, make_rows, run_extract, samples_written, start_extract, wait_for, write_rows
+
+
+def test_second_extractor_on_one_output_exits_at_once(models, start_server, proxy, tmp_path: Path) -> None:
+    server = start_server(models["main"])
+    dataset = write_rows(tmp_path / "data.jsonl", make_rows(10, seed=14))
+    reference = tmp_path / "reference"
+    run_extraction(server.url, dataset, reference, concurrency=1)
+
+    release = threading.Event()
+    holding = threading.Event()
+
+    def hold_after_three(method: str, path: str, body: bytes) -> None:
+        if path == "/generate" and front.generate_calls > 3:
+            holding.set()
+            release.wait(120)  # the first extractor waits here while the second one starts
+        return None
+
+    front = proxy(server.url, hold_after_three)
+    output = tmp_path / "out"
+    first = start_extract(front.url, dataset, output, "--dump-dir", str(server.dump_dir))
+    try:
+        wait_for(holding.is_set, what="the first extractor to be mid-run", process=first)
+        second = run_extract(server.url, dataset, output, timeout=60)
+    finally:
+        release.set()
+    assert second.returncode == 1, second.stderr
+    assert "OutputLockedError" in second.stderr
+    assert f"pid {first.pid} on host {socket.gethostname()}" in second.stderr
+    assert samples_written(output) == 3, "the second extractor wrote into the output"
+
+    _, stderr = first.communicate(timeout=120)
+    assert first.returncode == 0, stderr
+    assert not (output / "extract.lock").exists()
+    assert_same_output(output, reference)
+
+
+def test_lock_of_a_killed_extractor_does_not_block_the_rerun(models, start_server, tmp_path: Path) -> None:
+    server = start_server(models["main"])
+    dataset = write_rows(tmp_path / "data.jsonl", make_rows(10, seed=15))
+    reference = tmp_path / "reference"
+    run_extraction(server.url, dataset, reference, concurrency=1)
+    output = tmp_path / "out"
+    process = start_extract(server.url, dataset, output)
+    wait_for(lambda: (output / "extract.lock").exists() and samples_written(output) >= 1, what="the lock", process=process)
+    process.kill()
+    process.wait()
+    assert (output / "extract.lock").exists(), "the killed extractor could not have removed its lock file"
+    rerun = run_extract(server.url, dataset, output)
+    assert rerun.returncode == 0, rerun.stderr
+    assert_same_output(output, reference)
