@@ -50,8 +50,9 @@ def test_dumped_states_match_transformers(model_dir, start_server, tmp_path: Pat
     assert summary.status == "complete" and summary.total_samples == 6
     config = json.loads((tmp_path / "out" / "data_config.json").read_text())
     aux_ids = config["aux_layer_ids"]
-    assert aux_ids == [2, 4, 5] and config["layer_ids"] == [2, 4, 5, 7]
-    assert config["sglang_layers_to_capture"] == [3, 5, 6]
+    # the default: outputs [1, N//2-1, N-4] = hidden_states[2, N//2, N-3], SGLang's and the trainers' default
+    assert aux_ids == [1, 3, 4] and config["layer_ids"] == [1, 3, 4, 7]
+    assert config["sglang_layers_to_capture"] == config["hf_hidden_states_indices"][:3] == [2, 4, 5]
     fmt = open_format("specforge", tmp_path / "out")
     passes = []
     for row in range(6):
@@ -81,7 +82,7 @@ def test_speculators_last_slot_is_prenorm_and_norms_to_final(model_dir, start_se
         # The conversion the speculators trainer applies (verifier norm) gives the post-norm state.
         with torch.no_grad():
             assert (norm(stored.final_hidden_state) - states[-1]).abs().max().item() < TOLERANCE
-        for k, layer_id in enumerate([2, 4, 5]):
+        for k, layer_id in enumerate([1, 3, 4]):
             assert_matches_own_index(f"row {row} aux {layer_id}", stored.aux_hidden_states[:, k], states, layer_id + 1)
 
 
@@ -93,5 +94,19 @@ def test_bfloat16_model_dumps_bfloat16(model_dir, start_server, tmp_path: Path) 
     stored = open_format("specforge", tmp_path / "out").read_sample(0)
     assert stored.aux_hidden_states.dtype == torch.bfloat16
     states, _ = reference_states(model, stored.input_ids)
-    error = (stored.aux_hidden_states[:, 0].float() - states[3].float()).abs().max().item()
-    assert error < 0.1 * states[3].float().abs().max().item()
+    error = (stored.aux_hidden_states[:, 0].float() - states[2].float()).abs().max().item()  # layer 1's output
+    assert error < 0.1 * states[2].float().abs().max().item()
+
+
+def test_an_explicit_choice_is_one_setting_away(model_dir, start_server, tmp_path: Path) -> None:
+    # the reference Kimi run's kind of choice: one layer later than the default
+    model = model_dir("llama")
+    server = start_server(model, layer_ids=[2, 4, 5])
+    dataset = make_sample_data(tmp_path / "data.jsonl", num=2, vocab_size=1024, seed=4, max_len=120)
+    run_extraction(server.url, dataset, tmp_path / "out", layer_ids=[2, 4, 5])
+    config = json.loads((tmp_path / "out" / "data_config.json").read_text())
+    assert config["aux_layer_ids"] == [2, 4, 5] and config["sglang_layers_to_capture"] == [3, 5, 6]
+    stored = open_format("specforge", tmp_path / "out").read_sample(1)
+    states, _ = reference_states(model, stored.input_ids)
+    for k, layer_id in enumerate([2, 4, 5]):
+        assert_matches_own_index(f"aux {layer_id}", stored.aux_hidden_states[:, k], states, layer_id + 1)

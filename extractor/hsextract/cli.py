@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="deepseek_v3",
         help="architecture (default: deepseek_v3, as Kimi-K2.5)",
     )
-    tiny.add_argument("--layers", type=int, default=8, help="decoder layers, at least 6 (default: 8)")
+    tiny.add_argument("--layers", type=int, default=8, help="decoder layers, at least 7 (default: 8)")
     tiny.add_argument("--hidden", type=int, default=128, help="hidden size, a multiple of 32 (default: 128)")
     tiny.add_argument("--vocab-size", type=int, default=4096, help="vocabulary size (default: 4096)")
     tiny.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from hsextract.contract.layers import DEFAULT_AUX_LAYERS_TEXT, MIN_LAYERS_FOR_DEFAULT
 from hsextract.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -70,8 +71,10 @@ def make_tiny_model(
 
     if dtype not in DTYPES:
         raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    if layers < 6:
-        raise ConfigError(f"--layers {layers} is too few: the default aux layers [2, N//2, N-3] need N >= 6")
+    if layers < MIN_LAYERS_FOR_DEFAULT:
+        raise ConfigError(
+            f"--layers {layers} is too few: the default aux layers ({DEFAULT_AUX_LAYERS_TEXT}) need N >= {MIN_LAYERS_FOR_DEFAULT}"
+        )
     if hidden < 32 or hidden % 32:
         raise ConfigError(f"--hidden {hidden} must be a positive multiple of 32")
     config = _config(arch, layers, hidden, vocab_size)
