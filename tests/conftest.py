@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hsextract.capture.embedded import EmbeddedServer, Engine
-from hsextract.config import ExtractConfig
+from hsextract.config import ExtractConfig, ServeConfig
 from hsextract.dev.tiny_model import make_tiny_model
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.run import Extraction, RunSummary
@@ -51,7 +51,7 @@ def start_server(tmp_path: Path) -> Iterator[object]:
 
     def start(model: Path, **engine_kwargs: object) -> RunningServer:
         dump_dir = Path(str(engine_kwargs.pop("dump_dir", tmp_path / f"dumps{len(started)}")))
-        engine = Engine(model, dump_dir, **engine_kwargs)  # type: ignore[arg-type]
+        engine = Engine(ServeConfig(model=model, dump_dir=dump_dir, **engine_kwargs))
         server = EmbeddedServer(engine, "127.0.0.1", 0)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         running = RunningServer(engine, server)

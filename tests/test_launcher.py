@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import socket
 import subprocess
@@ -50,7 +51,8 @@ def test_model_config_json_gives_layers_and_architecture(tmp_path: Path, model_d
 def test_unknown_model_family_is_refused_with_the_fix(tmp_path: Path) -> None:
     model = tmp_path / "mistral"
     model.mkdir()
-    (model / "config.json").write_text('{"architectures": ["MistralForCausalLM"], "model_type": "mistral", "num_hidden_layers": 32}')
+    config = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "num_hidden_layers": 32}
+    (model / "config.json").write_text(json.dumps(config))
     result = launch(tmp_path, {"python": "/usr/bin/python3", "model_path": str(model)}, "--dry-run")
     assert result.returncode == 2 and "set architecture: deepseek, llama or qwen2" in result.stderr, result.stderr
 

@@ -50,7 +50,7 @@ def test_capture_indices_come_from_sglangs_own_arithmetic() -> None:
     assert layer_id_argument("llama", [2, 30, 58], 61) == [2, 30, 58]
     assert layer_id_argument("qwen2", [2, 16, 29], 32) == [2, 16, 29]
     # layer id 0 (capture index 1) hits DeepSeek's "first id is 1 -> add one" rule; ids [0, ...] do too.
-    with pytest.raises(ConfigError, match="no eagle_aux_hidden_state_layer_ids value makes SGLang 0.5.23 \\(deepseek\\)"):
+    with pytest.raises(ConfigError, match=r"no eagle_aux_hidden_state_layer_ids value makes SGLang 0.5.23 \(deepseek\)"):
         layer_id_argument("deepseek", [0, 30, 58], 61)
 
 

@@ -1,6 +1,6 @@
 """The layer convention: which residual stream each number means.
 
-Three numberings exist (DESIGN section 3):
+Three numberings exist (docs/design-notes.md, "Layer numbering"):
 
 * ``layer_ids`` (0-based): the decoder layer whose *output* is captured. The bundle's own
   numbering, written in every file. Default aux layers: ``[1, N//2-1, N-4]``.
@@ -23,8 +23,6 @@ from hsextract.errors import ConfigError
 DEFAULT_AUX_LAYERS_TEXT = (
     "outputs of layers [1, N//2-1, N-4] = transformers hidden_states[2, N//2, N-3], SGLang's and the trainers' default"
 )
-#: the fewest decoder layers for which the default gives three distinct aux layers
-MIN_LAYERS_FOR_DEFAULT = 7
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
@@ -36,10 +34,10 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
     speculators assumes (``target_layer_ids = [2, N//2, N-3]``, the layer entered). A drafter
     trained on them with a trainer's default configuration is served on the same states."""
     ids = [1, num_layers // 2 - 1, num_layers - 4]
-    if num_layers < MIN_LAYERS_FOR_DEFAULT or len(set(ids)) != 3:
+    if sorted(set(ids)) != ids or ids[0] < 0 or ids[-1] >= num_layers - 1:
         raise ConfigError(
             f"a model with {num_layers} layers has no three distinct default aux layers "
-            f"({ids}); set layer_ids explicitly or use a model with at least {MIN_LAYERS_FOR_DEFAULT} layers"
+            f"({ids}); set layer_ids explicitly or use a model with more layers"
         )
     return ids
 
