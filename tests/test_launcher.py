@@ -41,7 +41,7 @@ def test_dry_run_prints_the_full_command(tmp_path: Path) -> None:
 
 
 def test_model_config_json_gives_layers_and_architecture(tmp_path: Path, model_dir) -> None:
-    config = {"python": "/usr/bin/python3", "model_path": str(model_dir("llama"))}
+    config: dict[str, object] = {"python": "/usr/bin/python3", "model_path": str(model_dir("llama"))}
     argv = shlex.split(launch(tmp_path, config, "--dry-run").stdout)
     ids_at = argv.index("--return-aux-hidden-state-layer-ids")
     # the default outputs [1, 3, 4] of 8 layers; llama adds one itself, so they are passed as they are
@@ -58,7 +58,7 @@ def test_unknown_model_family_is_refused_with_the_fix(tmp_path: Path) -> None:
 
 
 def test_refusals_name_the_setting_and_the_fix(tmp_path: Path) -> None:
-    cases = [
+    cases: list[tuple[dict[str, object], str]] = [
         ({"python": "python3"}, "not an absolute path"),
         ({"disable_radix_cache": False}, "set disable_radix_cache: true"),
         ({"layer_ids": [2, 30, 60]}, "outside 0..59"),
