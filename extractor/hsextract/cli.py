@@ -90,6 +90,8 @@ def _cmd_extract(args: argparse.Namespace) -> int:
         f"({summary.truncated} truncated to max_seq_len {config.max_seq_len})\n"
         f"  took {summary.seconds:.1f} s; details in {summary.output}/data_config.json and errors.jsonl"
     )
+    for line in summary.hints:
+        print(f"  {line}")
     if summary.status is RunStatus.STOPPED:
         print(f"error: {summary.fatal_error}", file=sys.stderr)
         return EXIT_FATAL

@@ -51,6 +51,10 @@ class ExtractConfig(_Strict):
     layer_ids: list[int] | None = Field(
         None, description=f"aux layer ids, 0-based outputs (default: the server's, else the {DEFAULT_AUX_LAYERS_TEXT})"
     )
+    architecture: Literal["auto", "deepseek", "llama", "qwen2"] = Field(
+        "auto",
+        description="model family, for the SGLang draft-config value that serves these layers (auto: from config.json)",
+    )
     max_seq_len: int = Field(4096, gt=0, description="longer prompts are truncated to this many tokens and counted")
     concurrency: int = Field(8, gt=0, le=1024, description="requests in flight at once")
     metrics_port: int | None = Field(None, ge=0, le=65535, description="serve Prometheus metrics on this port (0 or unset: off)")
