@@ -155,6 +155,7 @@ class Extraction:
                 ("aux_layer_ids", aux),
                 ("hidden_size", identity.hidden_size),
                 ("max_seq_len", cfg.max_seq_len),
+                *((("dtype", fmt.stored_dtype),) if fmt.stored_dtype else ()),
             ):
                 if previous.get(key) != now:
                     raise ConfigError(
