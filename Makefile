@@ -50,9 +50,10 @@ test: setup setup-sglang setup-ansible monitoring-deps  ## everything: package a
 test-docker: setup  ## build docker/ on a locally made SGLang stand-in base and dry-run it (starts its own dockerd; root)
 	scripts/ci/docker-test.sh $(VENV)
 
-lint: setup  ## ruff and mypy on the package, ansible-lint on the roles
+lint: setup  ## ruff and mypy on the package, shellcheck on the shell scripts, ansible-lint on the roles
 	$(BIN)/ruff check extractor tests bench
 	$(BIN)/mypy --config-file mypy.ini extractor/hsextract
+	scripts/lint-shell.sh $(BIN)/shellcheck
 	$(MAKE) lint-ansible
 
 bench: setup  ## benchmarks; writes bench/results.json
