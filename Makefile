@@ -16,8 +16,11 @@ PYTEST_ARGS ?=
 # Deployment (Ansible) and monitoring targets live in their own files.
 include $(wildcard mk/*.mk)
 
+# Every target with a `## text` comment, in the Makefile and mk/*.mk, the text aligned past the longest name.
 help:  ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
+	@awk -F':.*## ' 'BEGIN { n = w = 0 } \
+	  /^[a-z][a-z0-9-]*:.*## / { name[n] = $$1; text[n] = $$2; n++; if (length($$1) > w) w = length($$1) } \
+	  END { for (i = 0; i < n; i++) printf("  make %-" w "s  %s\n", name[i], text[i]) }' $(MAKEFILE_LIST)
 
 setup: $(VENV)/.setup-done  ## create .venv with hsextract and its test tools
 

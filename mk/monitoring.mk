@@ -37,7 +37,7 @@ test-monitoring: setup monitoring-deps  ## promtool checks and rule tests, dashb
 
 # The same template and variables the role hsx_monitoring renders on the monitoring hosts, rendered by Ansible
 # itself with the role's defaults, so the repository's copy is byte for byte what the role installs by default.
-monitoring-rules: setup-ansible  ## render monitoring/prometheus/rules/*.yml.j2 with roles/hsx_monitoring's defaults into the *.yml beside them
+monitoring-rules: setup-ansible  ## after editing the alerts template (monitoring/prometheus/rules/*.yml.j2): render its defaults copy
 	@for template in monitoring/prometheus/rules/*.yml.j2; do \
 	  out=$(abspath $(MONITORING_RULES_DIR))/$$(basename "$${template%.j2}"); \
 	  ANSIBLE_CONFIG=ansible.cfg $(ANSIBLE_BIN)/ansible localhost -c local -m ansible.builtin.template \

@@ -135,7 +135,7 @@ def test_monitoring_role_on_scratch_dirs(scratch: dict[str, Path], promtool: str
     assert result.recap()["mon-scratch"]["changed"] == 0
 
 
-def test_make_monitoring_rules_renders_the_repository_s_copy(tmp_path: Path):
+def test_make_monitoring_rules_renders_the_repository_s_copy(tmp_path: Path) -> None:
     """`make monitoring-rules`, run after editing a rules template, writes what the repository holds."""
     assert RULE_TEMPLATES, "no rules templates (*.yml.j2) under monitoring/prometheus/rules"
     done = subprocess.run(
@@ -154,7 +154,7 @@ ALERT_SETTINGS = Path(__file__).parent / "data" / "alert-settings.yml"
 ALERT_SETTINGS_TESTS = Path(__file__).parent / "data" / "alert-settings.test.yml"
 
 
-def test_the_alert_settings_reach_the_installed_rules(scratch: dict[str, Path], promtool: str):
+def test_the_alert_settings_reach_the_installed_rules(scratch: dict[str, Path], promtool: str) -> None:
     result = run_playbook(str(scratch["playbook"]), scratch["inventory"], "-e", f"@{ALERT_SETTINGS}")
     assert result.rc == 0, result.output
 
@@ -196,7 +196,7 @@ OUT_OF_RANGE = "hsx_monitoring: the alert settings are out of range"
         ("hsx_monitoring_alert_sglang_down_minutes=soon", "'hsx_monitoring_alert_sglang_down_minutes' is of type str"),
     ],
 )
-def test_a_bad_alert_setting_stops_before_any_file(scratch: dict[str, Path], setting: str, message: str):
+def test_a_bad_alert_setting_stops_before_any_file(scratch: dict[str, Path], setting: str, message: str) -> None:
     result = run_playbook(str(scratch["playbook"]), scratch["inventory"], "-e", setting)
     assert result.rc != 0
     assert message in result.output, result.output[-3000:]

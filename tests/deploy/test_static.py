@@ -4,6 +4,7 @@ directory (with a recording stand-in for pct), the /dev/shm sizing, the placehol
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import textwrap
 from pathlib import Path
@@ -92,6 +93,24 @@ def test_deploy_doc_links_every_role_readme() -> None:
     text = (REPO / "docs" / "deploy.md").read_text()
     for role in ROLES:
         assert f"(../roles/{role.name}/README.md)" in text, role.name
+
+
+def _make(*args: str) -> str:
+    env = {k: v for k, v in ansible_env().items() if not k.startswith("MAKE")}  # not the make that runs the tests
+    done = subprocess.run(["make", "--no-print-directory", *args], cwd=REPO, env=env, capture_output=True, text=True)
+    return done.stdout
+
+
+def test_make_help_lists_every_target_with_its_text_aligned() -> None:
+    phony = next(line for line in _make("-pRrq").splitlines() if line.startswith(".PHONY:")).split()[1:]
+    assert {"help", "lint", "test", "deploy", "status", "test-monitoring", "monitoring-rules"} <= set(phony)
+    lines = _make("-s", "help").splitlines()
+    rows = [re.fullmatch(r"  make (\S+) +(\S.*)", line) for line in lines]
+    assert all(rows), f"make help line not '  make TARGET  text': {lines[rows.index(None)]!r}"
+    listed = [row.group(1) for row in rows if row]
+    assert sorted(set(phony) - set(listed)) == [], "phony targets without a '## text' comment, so not in make help"
+    # every text starts in one column, two spaces past the longest target name
+    assert {row.start(2) for row in rows if row} == {len("  make ") + max(map(len, listed)) + 2}
 
 
 def test_syntax_check():
