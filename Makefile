@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 WORK ?= work
 PYTEST_ARGS ?=
 
-.PHONY: help setup setup-sglang extract test test-docker lint bench bench-gpu clean
+.PHONY: help setup setup-sglang extract test test-fast test-docker lint bench bench-gpu clean
 
 # Deployment (Ansible) and monitoring targets live in their own files.
 include $(wildcard mk/*.mk)
@@ -50,12 +50,15 @@ test: setup setup-sglang setup-ansible monitoring-deps  ## everything: package a
 	$(MAKE) test-deploy
 	$(MAKE) test-docker
 
+test-fast: setup  ## unit tests only (tests/unit): no server, no model, no root; seconds
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS) tests/unit
+
 test-docker: setup  ## build docker/ on a locally made SGLang stand-in base and dry-run it (starts its own dockerd; root)
 	scripts/ci/docker-test.sh $(VENV)
 
-lint: setup  ## ruff and mypy on the package, shellcheck on the shell scripts, ansible-lint on the roles
+lint: setup  ## ruff, mypy (strict on the package, bodies of the tests), shellcheck on the shell scripts, ansible-lint on the roles
 	$(BIN)/ruff check extractor tests bench
-	$(BIN)/mypy --config-file mypy.ini extractor/hsextract
+	$(BIN)/mypy --config-file mypy.ini extractor/hsextract tests --exclude 'tests/(deploy|sglang_contract)/'
 	scripts/lint-shell.sh $(BIN)/shellcheck
 	$(MAKE) lint-ansible
 

@@ -19,7 +19,7 @@ import pytest
 from hsextract.dev.sample_data import make_sample_data
 from hsextract.errors import ConfigError, ServerError
 
-from .conftest import free_port, run_extraction
+from .helpers import free_port, run_extraction
 
 
 class FlakyProxy:

@@ -17,7 +17,7 @@ import transformers
 from hsextract.dev.sample_data import make_sample_data
 from hsextract.extract.formats import open_format
 
-from .conftest import run_extraction
+from .helpers import run_extraction
 
 TOLERANCE = 2e-4  # float32 reference; batching and chunking only change the summation order
 
@@ -74,6 +74,7 @@ def test_speculators_last_slot_is_prenorm_and_norms_to_final(model_dir, start_se
     assert summary.status == "complete"
     fmt = open_format("speculators", tmp_path / "out")
     norm = transformers.AutoModelForCausalLM.from_pretrained(str(model)).base_model.norm
+    assert isinstance(norm, torch.nn.Module)
     for row in range(3):
         stored = fmt.read_sample(row)
         states, prenorm = reference_states(model, stored.input_ids)

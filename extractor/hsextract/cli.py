@@ -16,6 +16,7 @@ from typing import Any
 
 from hsextract import __version__
 from hsextract.config import ExtractConfig, ServeConfig, SGLangLaunchConfig, add_config_arguments, load_config
+from hsextract.contract.states import RunStatus
 from hsextract.errors import ConfigError, HsextractError
 
 log = logging.getLogger("hsextract")
@@ -43,17 +44,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from hsextract.capture.embedded import EmbeddedServer, Engine
 
     config: ServeConfig = load_config(ServeConfig, args)
-    engine = Engine(
-        config.model,
-        config.dump_dir,
-        device=config.device,
-        dtype=config.dtype,
-        layer_ids=config.layer_ids,
-        chunked_prefill_size=config.chunked_prefill_size,
-        max_batch_tokens=config.max_batch_tokens,
-        rid_prefix=config.rid_prefix,
-        dump_queue_size=config.dump_queue_size,
-    )
+    engine = Engine(config)
     try:
         server = EmbeddedServer(engine, config.host, config.port)
     except OSError as exc:
@@ -66,13 +57,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     log.info(
         "serving %s (%s, %d layers, hidden %d, %s) on http://%s:%d, aux layer_ids %s, dumps to %s",
         config.model,
-        info["architecture"],
-        info["num_hidden_layers"],
-        info["hidden_size"],
-        info["dtype"],
+        engine.architecture,
+        info.num_layers,
+        info.hidden_size,
+        info.dtype,
         config.host,
         server.port,
-        info["layer_ids"],
+        info.layer_ids,
         config.dump_dir,
     )
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -99,12 +90,12 @@ def _cmd_extract(args: argparse.Namespace) -> int:
         f"({summary.truncated} truncated to max_seq_len {config.max_seq_len})\n"
         f"  took {summary.seconds:.1f} s; details in {summary.output}/data_config.json and errors.jsonl"
     )
-    if summary.status == "stopped":
+    if summary.status is RunStatus.STOPPED:
         print(f"error: {summary.fatal_error}", file=sys.stderr)
         return EXIT_FATAL
-    if summary.status == "interrupted":
+    if summary.status is RunStatus.INTERRUPTED:
         return EXIT_INTERRUPTED
-    if summary.status == "incomplete":
+    if summary.status is RunStatus.INCOMPLETE:
         print("some rows failed (see errors.jsonl, kind 'failed'); rerun the same command to retry them", file=sys.stderr)
         return EXIT_INCOMPLETE
     return 0

@@ -1,6 +1,6 @@
 """The layer convention: which residual stream each number means.
 
-Three numberings exist (DESIGN section 3):
+Three numberings exist (docs/design-notes.md, "Layer numbering"):
 
 * ``layer_ids`` (0-based): the decoder layer whose *output* is captured. The bundle's own
   numbering, written in every file.
@@ -20,10 +20,10 @@ from hsextract.errors import ConfigError
 def default_aux_layer_ids(num_layers: int) -> list[int]:
     """The EAGLE-3 default ``[2, N//2, N-3]`` (what SGLang, vLLM and the Kimi run use)."""
     ids = [2, num_layers // 2, num_layers - 3]
-    if num_layers < 6 or len(set(ids)) != 3:
+    if sorted(set(ids)) != ids or ids[0] < 0 or ids[-1] >= num_layers - 1:
         raise ConfigError(
             f"a model with {num_layers} layers has no three distinct default aux layers "
-            f"({ids}); set layer_ids explicitly or use a model with at least 6 layers"
+            f"({ids}); set layer_ids explicitly or use a model with more layers"
         )
     return ids
 

@@ -1,4 +1,4 @@
-"""``<out>/data_config.json``: what the output holds and how it was made (DESIGN section 6)."""
+"""``<out>/data_config.json``: what the output holds and how it was made (docs/design-notes.md, "Output")."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any
 from hsextract import __version__
 from hsextract.contract.atomic import atomic_write_bytes
 from hsextract.contract.layers import capture_indices, recorded_layer_ids
+from hsextract.contract.states import ErrorKind, RunStatus
 
 if TYPE_CHECKING:
     from hsextract.config import ExtractConfig
-    from hsextract.extract.client import ServerIdentity
+    from hsextract.contract.server_info import ServerInfo
     from hsextract.extract.formats import OutputFormat
     from hsextract.extract.manifest import Manifest
 
@@ -43,12 +44,12 @@ def _now() -> str:
 
 def build_data_config(
     config: ExtractConfig,
-    identity: ServerIdentity,
+    identity: ServerInfo,
     aux_layer_ids: list[int],
     fmt: OutputFormat,
     manifest: Manifest,
     rows_in_shard: int,
-    status: str,
+    status: RunStatus,
 ) -> dict[str, Any]:
     written = manifest.written.values()
     truncated = [s for s in written if s.truncated]
@@ -76,13 +77,13 @@ def build_data_config(
         "total_bytes": sum(s.bytes for s in written),
         "truncated_samples": len(truncated),
         "truncated_tokens": sum(s.original_length - s.num_tokens for s in truncated),
-        "bad_input_samples": sum(1 for e in errors if e.kind == "bad_input"),
-        "failed_samples": sum(1 for e in errors if e.kind == "failed"),
+        "bad_input_samples": sum(1 for e in errors if e.kind is ErrorKind.BAD_INPUT),
+        "failed_samples": sum(1 for e in errors if e.kind is ErrorKind.FAILED),
         "error_counts": dict(sorted(Counter(e.reason for e in errors).items())),
         "rows_in_shard": rows_in_shard,
         "shard_index": config.shard_index,
         "num_shards": config.num_shards,
-        "status": status,
+        "status": status.value,
         "model": {"path": identity.model_path, "num_hidden_layers": identity.num_layers},
         "engine": identity.engine,
         "dataset": str(Path(config.dataset).resolve()),

@@ -22,11 +22,22 @@ from hsextract.contract.atomic import is_temp_name
 from hsextract.contract.dumps import Dump, dump_state, read_dump, read_error, remove_dump
 from hsextract.contract.layers import capture_indices, resolve_aux_layer_ids
 from hsextract.contract.rids import make_rid
-from hsextract.errors import BadSampleError, ConfigError, DiskSpaceError, DumpError, HsextractError, ServerError
-from hsextract.extract.client import ServerClient, ServerIdentity, TransientServerError, parse_identity
+from hsextract.contract.server_info import ServerInfo
+from hsextract.contract.states import DumpState, ErrorKind, RunStatus
+from hsextract.errors import (
+    BadSampleError,
+    ConfigError,
+    DiskSpaceError,
+    DumpError,
+    HsextractError,
+    LayerMismatchError,
+    ServerError,
+    TransientServerError,
+)
+from hsextract.extract.client import ServerClient
 from hsextract.extract.data_config import build_data_config, read_data_config, write_data_config
 from hsextract.extract.dataset import Sample, dataset_kind, iter_raw_rows, validate_row
-from hsextract.extract.dump_checks import DumpExpectation, LayerMismatchError, check_dump
+from hsextract.extract.dump_checks import DumpExpectation, check_dump
 from hsextract.extract.formats import OutputFormat, open_format
 from hsextract.extract.manifest import ErrorRecord, Manifest, WrittenSample
 from hsextract.extract.metrics import ExtractMetrics
@@ -39,7 +50,7 @@ _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 @dataclass
 class RunSummary:
-    status: str  # complete, incomplete (some rows failed), interrupted, stopped (fatal)
+    status: RunStatus
     output: Path
     rows_in_shard: int
     written_now: int
@@ -94,14 +105,14 @@ class Extraction:
         self._pinned_dtype: str | None = None
 
     # -- setup (nothing is written before all of it passes) -----------------------------------------
-    def _preflight(self) -> tuple[ServerIdentity, list[int], Path, OutputFormat]:
+    def _preflight(self) -> tuple[ServerInfo, list[int], Path, OutputFormat]:
         cfg = self.config
         dataset_kind(cfg.dataset)  # raises DatasetError with the fix
         if cfg.output.exists() and not cfg.output.is_dir():
             raise ConfigError(f"output {cfg.output} exists and is not a directory; choose another --output")
         self.client.wait_until_healthy(cfg.health_timeout_s)
         self.metrics.server_up.set(1)
-        identity = parse_identity(self.client.server_info(), cfg.vocab_size)
+        identity = self.client.server_info(cfg.vocab_size)
         if cfg.expect_model and not identity.model_path.rstrip("/").endswith(cfg.expect_model.rstrip("/")):
             raise ConfigError(
                 f"the server serves {identity.model_path!r}, not the expected model {cfg.expect_model!r}; "
@@ -158,7 +169,7 @@ class Extraction:
             tokens += len(sample.input_ids)
         return Plan(rows_in_shard=rows, todo_rows=todo, todo_tokens=tokens, settled=settled)
 
-    def _check_disk(self, plan: Plan, identity: ServerIdentity, num_aux: int) -> None:
+    def _check_disk(self, plan: Plan, identity: ServerInfo, num_aux: int) -> None:
         per_token = (num_aux + 1) * identity.hidden_size * _DTYPE_BYTES.get(identity.dtype or "bfloat16", 2) + 16
         needed = int(plan.todo_tokens * per_token * self.config.disk_headroom)
         free = shutil.disk_usage(self.config.output).free
@@ -200,22 +211,22 @@ class Extraction:
         expect = DumpExpectation(aux, capture_indices(aux), identity.hidden_size, identity.dtype, fmt.needs_final_prenorm)
         self._pinned_dtype = identity.dtype
         progress = Progress(plan.rows_in_shard, plan.settled, plan.todo_tokens, cfg.log_interval_s)
-        status = "complete"
+        status = RunStatus.COMPLETE
         try:
             self._stream(manifest, identity, fmt, dump_dir, expect, progress)
         except KeyboardInterrupt:
             self.stop.set()
-            status = "interrupted"
+            status = RunStatus.INTERRUPTED
             log.warning("interrupted: stopping after the requests in flight; rerun the same command to resume")
         finally:
             progress.close()
             self.metrics.running.set(0)
         if self._fatal is not None:
-            status = "stopped"
-        elif status == "complete" and self._failed_now:
-            status = "incomplete"
+            status = RunStatus.STOPPED
+        elif status is RunStatus.COMPLETE and self._failed_now:
+            status = RunStatus.INCOMPLETE
         manifest.close()
-        if status in ("complete", "incomplete"):
+        if status in (RunStatus.COMPLETE, RunStatus.INCOMPLETE):
             fmt.finalize(self._valid_samples(manifest.written, identity.vocab_size), set(manifest.written))
         data_config = build_data_config(cfg, identity, aux, fmt, manifest, plan.rows_in_shard, status)
         write_data_config(cfg.output, data_config)
@@ -226,8 +237,8 @@ class Extraction:
             rows_in_shard=plan.rows_in_shard,
             written_now=self._written_now,
             resumed=plan.settled,
-            bad_input=sum(1 for e in manifest.errors.values() if e.kind == "bad_input"),
-            failed=sum(1 for e in manifest.errors.values() if e.kind == "failed"),
+            bad_input=sum(1 for e in manifest.errors.values() if e.kind is ErrorKind.BAD_INPUT),
+            failed=sum(1 for e in manifest.errors.values() if e.kind is ErrorKind.FAILED),
             truncated=data_config["truncated_samples"],
             total_samples=data_config["total_samples"],
             total_tokens=data_config["total_tokens"],
@@ -244,7 +255,7 @@ class Extraction:
     def _stream(
         self,
         manifest: Manifest,
-        identity: ServerIdentity,
+        identity: ServerInfo,
         fmt: OutputFormat,
         dump_dir: Path,
         expect: DumpExpectation,
@@ -370,9 +381,9 @@ class Extraction:
         delay = 0.002
         while True:
             state = dump_state(directory)
-            if state == "done":
+            if state is DumpState.DONE:
                 return read_dump(directory)
-            if state == "error":
+            if state is DumpState.ERROR:
                 raise DumpError("server_dump_error", f"the server could not dump {directory.name}: {read_error(directory)}")
             if time.monotonic() > deadline:
                 raise DumpError(
@@ -401,13 +412,13 @@ class Extraction:
 
     def _record_bad(self, manifest: Manifest, row: int, exc: BadSampleError) -> None:
         log.warning("skipping bad row %d: %s", row, exc)
-        manifest.add_error(ErrorRecord(row, "bad_input", exc.reason, str(exc)))
+        manifest.add_error(ErrorRecord(row, ErrorKind.BAD_INPUT, exc.reason, str(exc)))
         self.metrics.samples.labels("bad_input").inc()
         self.metrics.errors.labels(exc.reason).inc()
 
     def _record_failed(self, manifest: Manifest, row: int, error: Exception | None) -> None:
         reason = getattr(error, "reason", "server")
-        manifest.add_error(ErrorRecord(row, "failed", reason, str(error)))
+        manifest.add_error(ErrorRecord(row, ErrorKind.FAILED, reason, str(error)))
         self.metrics.samples.labels("failed").inc()
         with self._lock:
             self._failed_now += 1
