@@ -3,9 +3,9 @@ when it must be stopped with a signal), the ``hsextract extract`` CLI as a real 
 servers in front of the real server (an auth wall, an HTML page, a switch between two servers),
 real tmpfs mounts for full disks, real symlinks and signals.
 
-Every scenario ends the same way: rerun the same command, then the output must pass ``verify``
-and equal, byte for byte, an uninterrupted run's (at one request in flight, so both runs batch
-alike: ``README``, "What identical means").
+The modules that mount or chown are marked ``root``. Every scenario ends the same way: rerun the
+same command, then the output must pass ``verify`` and equal, byte for byte, an uninterrupted run's
+(at one request in flight, so both runs batch alike: ``README``, "What identical means").
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from hsextract.dev.tiny_model import make_tiny_model
 from hsextract.extract.data_config import VOLATILE_FIELDS
 from hsextract.extract.verify import verify_output
 
-from ..conftest import free_port
+from ..helpers import free_port
 
 VOCAB = 1024
 REPO = Path(__file__).resolve().parents[2]

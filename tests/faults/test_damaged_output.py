@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..conftest import run_extraction
+from ..helpers import run_extraction
 from .conftest import assert_same_output, make_rows, run_extract, write_rows
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..conftest import run_extraction
+from ..helpers import run_extraction
 from .conftest import assert_same_output, kill_after_samples, make_rows, run_extract, start_extract, write_rows
 
 

@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import run_extraction
+from ..helpers import run_extraction
 from .conftest import assert_same_output, fill, make_rows, run_extract, samples_written, start_extract, wait_for, write_rows
+
+pytestmark = pytest.mark.root  # tmpfs mounts, chown: root only
+
 
 LEAVE = 32 * 1024  # less than any sample or dump of these rows (40+ tokens x 1 KB)
 

@@ -18,8 +18,11 @@ from hsextract.contract.dumps import DumpSource, read_dump, write_dump
 from hsextract.contract.rids import make_rid, parse_rid
 from hsextract.errors import UnsafeDumpDirError
 
-from ..conftest import run_extraction
+from ..helpers import run_extraction
 from .conftest import Answer, assert_same_output, make_rows, run_extract, write_rows
+
+pytestmark = pytest.mark.root  # tmpfs mounts, chown: root only
+
 
 SOURCE = DumpSource("test", "0", "/models/test", layer_ids=[2, 4, 5], capture_indices=[3, 5, 6])
 NOBODY = 65534

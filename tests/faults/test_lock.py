@@ -6,7 +6,7 @@ import socket
 import threading
 from pathlib import Path
 
-from ..conftest import run_extraction
+from ..helpers import run_extraction
 from .conftest import assert_same_output, make_rows, run_extract, samples_written, start_extract, wait_for, write_rows
 
 

@@ -13,7 +13,7 @@ import httpx
 from hsextract.contract.states import ErrorReason
 from hsextract.extract.metrics import SAMPLE_STATUSES
 
-from ..conftest import free_port, run_extraction
+from ..helpers import free_port, run_extraction
 from .conftest import assert_same_output, make_rows, run_extract, start_extract, wait_for, write_rows
 
 

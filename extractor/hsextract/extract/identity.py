@@ -10,9 +10,10 @@ checkpoint stops the run at its first dump.
 What must be equal: the model (its fingerprint, ``contract/model_fingerprint.py``, so a moved or
 renamed copy is the same model and another checkpoint is not; the path where no fingerprint is
 known), the aux layer ids, the number of layers, the format, ``max_seq_len``, the hidden size, the
-dtype, and the shard. The dataset may change at its path: its fingerprint then differs, and the
-per-row content hashes in ``samples.jsonl`` and ``errors.jsonl`` decide which rows are redone.
-Another dataset (other path and other content) is refused.
+dtype the server computes and the one the files store, and the shard. The dataset may change at
+its path: its fingerprint then differs, and the per-row content hashes in ``samples.jsonl`` and
+``errors.jsonl`` decide which rows are redone. Another dataset (other path and other content) is
+refused.
 """
 
 from __future__ import annotations
@@ -55,12 +56,13 @@ class OutputIdentity:
     format: str
     max_seq_len: int
     hidden_size: int
-    dtype: str | None  # None until the server or the first dump says
+    dtype: str | None  # the server's (computed); None until the server or the first dump says
     shard_index: int
     num_shards: int
     dataset: DatasetIdentity
     created_at: str = ""
     identity_version: int = IDENTITY_VERSION
+    stored_dtype: str | None = None  # what the sample files hold (a format may convert: specforge stores bfloat16)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,7 +113,8 @@ def identity_from_data_config(config: dict[str, Any]) -> OutputIdentity | None:
             format=str(config["format"]),
             max_seq_len=int(config["max_seq_len"]),
             hidden_size=int(config["hidden_size"]),
-            dtype=config.get("dtype"),
+            dtype=config.get("computed_dtype"),
+            stored_dtype=config.get("dtype"),  # what the files hold (older versions stored the computed dtype)
             shard_index=int(config.get("shard_index", 0)),
             num_shards=int(config.get("num_shards", 1)),
             dataset=DatasetIdentity(str(config.get("dataset", "")), None, None),
@@ -179,6 +182,13 @@ def reconcile_identity(
     differs("hidden_size", recorded.hidden_size, current.hidden_size, "restart the server with the output's model")
     if recorded.dtype is not None and current.dtype is not None:
         differs("dtype", recorded.dtype, current.dtype, f"serve the model in {recorded.dtype}")
+    if recorded.stored_dtype is not None and current.stored_dtype is not None:
+        differs(
+            "stored dtype",
+            recorded.stored_dtype,
+            current.stored_dtype,
+            f"this hsextract stores {current.format} samples as {current.stored_dtype}",
+        )
     differs(
         "shard",
         (recorded.shard_index, recorded.num_shards),
@@ -212,6 +222,7 @@ def reconcile_identity(
     merged = replace(
         current,
         dtype=current.dtype if current.dtype is not None else recorded.dtype,
+        stored_dtype=current.stored_dtype if current.stored_dtype is not None else recorded.stored_dtype,
         created_at=recorded.created_at or now(),
     )
     return merged, notes

@@ -30,8 +30,10 @@ from hsextract.contract.atomic import disk_full_text, is_disk_full, is_temp_name
 from hsextract.contract.dump_dir import check_dump_root
 from hsextract.contract.dumps import Dump, dump_state, read_dump, read_error, remove_dump
 from hsextract.contract.layers import capture_indices, resolve_aux_layer_ids
+from hsextract.contract.model_config import read_model_config
 from hsextract.contract.rids import make_rid
 from hsextract.contract.server_info import ServerInfo
+from hsextract.contract.sglang_capture import ModelFamily, family_of
 from hsextract.contract.states import DumpState, ErrorKind, ErrorReason, RunStatus
 from hsextract.errors import (
     BadSampleError,
@@ -68,6 +70,14 @@ from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.progress import Progress
 from hsextract.extract.resume_check import check_resume
 from hsextract.extract.scan import DatasetScan, scan_dataset
+from hsextract.extract.serving_hints import (
+    SPECFORGE_NUM_AUX_LAYERS,
+    TRAINER_DEFAULT_LENGTH,
+    TRAINER_LENGTH_SETTING,
+    SGLangServing,
+    sglang_serving,
+    summary_lines,
+)
 from hsextract.extract.stale_dumps import sweep_stale_dumps
 
 log = logging.getLogger(__name__)
@@ -92,6 +102,8 @@ class RunSummary:
     seconds: float
     fatal_error: str | None = None
     stop_reason: str | None = None
+    #: how to serve and train on the output (data_config.json ``serving`` and ``trainer``)
+    hints: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,6 +112,9 @@ class Plan:
     todo_rows: int
     todo_tokens: int
     settled: int
+    truncated_rows: int = 0  # rows to extract that are longer than max_seq_len
+    longest_tokens: int = 0  # the longest sample the output will hold (after truncation)
+    over_trainer_default: int = 0  # samples longer than the trainer's default length
 
 
 def sweep_temp_files(root: Path) -> int:
@@ -210,7 +225,39 @@ class Extraction:
             )
         return info, aux, dump_dir, fmt
 
-    def _establish_identity(self, info: ServerInfo, aux: list[int], scan: DatasetScan) -> OutputIdentity:
+    def _serving_and_trainer_guards(self, identity: ServerInfo, aux: list[int], fmt: OutputFormat) -> SGLangServing:
+        """Refuse what the trainer or SGLang would fail on later; the SGLang value for these layers."""
+        cfg = self.config
+        if fmt.name == "specforge" and len(aux) != SPECFORGE_NUM_AUX_LAYERS:
+            raise ConfigError(
+                f"format specforge with {len(aux)} aux layers {aux}: SpecForge's EAGLE-3 draft takes exactly "
+                f"{SPECFORGE_NUM_AUX_LAYERS} (it refuses any other count at its first step); set three layer_ids or use "
+                "--format speculators"
+            )
+        if cfg.architecture != "auto":
+            family: ModelFamily | None = ModelFamily(cfg.architecture)
+        else:
+            family = family_of(read_model_config(identity.model_path)) if identity.model_path else None
+            if family is None:
+                log.warning(
+                    "the model family of %r is unknown here: data_config.json will carry no SGLang draft-config value; "
+                    "set architecture (--architecture deepseek|llama|qwen2) to get it",
+                    identity.model_path,
+                )
+        serving = sglang_serving(family, aux, identity.num_layers)  # ConfigError when SGLang cannot serve them
+        computed = identity.dtype
+        if fmt.stored_dtype is not None and computed is not None and computed != fmt.stored_dtype:
+            log.info(
+                "the server computes %s states; format %s stores them as %s (its trainer runs in %s), recorded in "
+                "data_config.json",
+                computed,
+                fmt.name,
+                fmt.stored_dtype,
+                fmt.stored_dtype,
+            )
+        return serving
+
+    def _establish_identity(self, info: ServerInfo, aux: list[int], scan: DatasetScan, fmt: OutputFormat) -> OutputIdentity:
         """Check this run against what the output holds, and record it before the first request."""
         cfg = self.config
         current = OutputIdentity(
@@ -220,6 +267,7 @@ class Extraction:
             max_seq_len=cfg.max_seq_len,
             hidden_size=info.hidden_size,
             dtype=info.dtype,
+            stored_dtype=fmt.stored_dtype or info.dtype,
             shard_index=cfg.shard_index,
             num_shards=cfg.num_shards,
             dataset=DatasetIdentity(str(scan.path), scan.fingerprint, scan.total_rows),
@@ -246,23 +294,54 @@ class Extraction:
     def _plan(self, scan: DatasetScan, manifest: Manifest) -> Plan:
         settled = sum(1 for row, digest in scan.row_hashes.items() if manifest.is_settled(row, digest))
         todo = {row: n for row, n in scan.tokens.items() if not manifest.is_settled(row, scan.row_hashes[row])}
-        return Plan(rows_in_shard=len(scan.row_hashes), todo_rows=len(todo), todo_tokens=sum(todo.values()), settled=settled)
+        lengths = [s.num_tokens for s in manifest.written.values()] + list(todo.values())
+        trainer_default = TRAINER_DEFAULT_LENGTH[self.config.format]
+        return Plan(
+            rows_in_shard=len(scan.row_hashes),
+            todo_rows=len(todo),
+            todo_tokens=sum(todo.values()),
+            settled=settled,
+            truncated_rows=sum(1 for row in todo if row in scan.truncated),
+            longest_tokens=max(lengths, default=0),
+            over_trainer_default=sum(1 for n in lengths if n > trainer_default),
+        )
 
-    def _check_disk(self, plan: Plan, identity: OutputIdentity) -> None:
-        dtype_bytes = _DTYPE_BYTES.get(identity.dtype or "bfloat16", 2)
-        per_token = (len(identity.aux_layer_ids) + 1) * identity.hidden_size * dtype_bytes + 16
+    def _check_disk(self, plan: Plan, identity: OutputIdentity, fmt: OutputFormat) -> None:
+        stored = fmt.stored_dtype or identity.dtype or "bfloat16"
+        per_token = (len(identity.aux_layer_ids) + 1) * identity.hidden_size * _DTYPE_BYTES.get(stored, 2) + 16
         needed = int(plan.todo_tokens * per_token * self.config.disk_headroom)
         free = shutil.disk_usage(self.config.output).free
         self.metrics.planned_tokens.set(plan.todo_tokens)
         log.info(
-            "plan: %d rows in this shard, %d already settled, %d to extract (%d tokens, about %.2f GB; %.2f GB free)",
+            "plan: %d rows in this shard, %d already settled, %d to extract (%d tokens x %d bytes as %s: about %.2f GB; "
+            "%.2f GB free)",
             plan.rows_in_shard,
             plan.settled,
             plan.todo_rows,
             plan.todo_tokens,
+            per_token,
+            stored,
             needed / 1e9,
             free / 1e9,
         )
+        cfg = self.config
+        log.info(
+            "plan: %d of them longer than max_seq_len %d (truncated and counted); the longest sample will have %d tokens",
+            plan.truncated_rows,
+            cfg.max_seq_len,
+            plan.longest_tokens,
+        )
+        if plan.over_trainer_default:
+            log.warning(
+                "plan: %d samples are longer than %s's default %s %d and would lose their tail there: train with %s %d "
+                "(recorded in data_config.json)",
+                plan.over_trainer_default,
+                cfg.format,
+                TRAINER_LENGTH_SETTING[cfg.format],
+                TRAINER_DEFAULT_LENGTH[cfg.format],
+                TRAINER_LENGTH_SETTING[cfg.format],
+                plan.longest_tokens,
+            )
         if needed > free:
             raise DiskSpaceError(
                 f"output {self.config.output} has {free / 1e9:.2f} GB free but this run needs about {needed / 1e9:.2f} GB "
@@ -280,28 +359,31 @@ class Extraction:
             if cfg.output.is_dir():
                 lock.acquire()  # before waiting for the server: a second extractor stops at once
             info, aux, dump_dir, fmt = self._preflight()
+            serving = self._serving_and_trainer_guards(info, aux, fmt)
             cfg.output.mkdir(parents=True, exist_ok=True)
             lock.acquire()
-            return self._run_locked(started, info, aux, dump_dir, fmt)
+            return self._run_locked(started, info, aux, dump_dir, fmt, serving)
         finally:
             self._finished.set()
             self.client.close()
             lock.release()
 
-    def _run_locked(self, started: float, info: ServerInfo, aux: list[int], dump_dir: Path, fmt: OutputFormat) -> RunSummary:
+    def _run_locked(
+        self, started: float, info: ServerInfo, aux: list[int], dump_dir: Path, fmt: OutputFormat, serving: SGLangServing
+    ) -> RunSummary:
         cfg = self.config
         swept = sweep_temp_files(cfg.output)
         if swept:
             log.info("removed %d temporary files left by an interrupted run", swept)
         scan = scan_dataset(cfg.dataset, cfg.shard_index, cfg.num_shards, info.vocab_size, cfg.max_seq_len, self._check_stop)
-        identity = self._identity = self._establish_identity(info, aux, scan)
+        identity = self._identity = self._establish_identity(info, aux, scan, fmt)
         manifest = Manifest(cfg.output)
         plan = Plan(len(scan.row_hashes), 0, 0, 0)
         try:
             resume = check_resume(manifest, scan, fmt, cfg.resume_check == "checksum", self._check_stop)
             resume.log_summary()
             plan = self._plan(scan, manifest)
-            self._check_disk(plan, identity)
+            self._check_disk(plan, identity, fmt)
             stale = sweep_stale_dumps(dump_dir, cfg.rid_prefix, cfg.shard_index, cfg.num_shards)
             if stale:
                 log.info("removed %d dumps of this shard left in %s by earlier requests", stale, dump_dir)
@@ -332,7 +414,7 @@ class Extraction:
             self._close_quietly(manifest)
             raise
         status, stop_reason = self._outcome()
-        return self._finish(started, info, aux, dump_dir, fmt, manifest, plan, status, stop_reason)
+        return self._finish(started, info, aux, dump_dir, fmt, serving, manifest, plan, status, stop_reason)
 
     def _outcome(self) -> tuple[RunStatus, str | None]:
         if self._fatal is not None:
@@ -361,6 +443,7 @@ class Extraction:
         aux: list[int],
         dump_dir: Path,
         fmt: OutputFormat,
+        serving: SGLangServing,
         manifest: Manifest,
         plan: Plan,
         status: RunStatus,
@@ -381,8 +464,19 @@ class Extraction:
                 self._fatal = self._disk_full(cfg.output, "the output", exc)
                 status, stop_reason = self._outcome()
         identity = self._identity
+        computed_dtype = identity.dtype if identity is not None else info.dtype
         data_config = build_data_config(
-            cfg, info, aux, fmt, manifest, plan.rows_in_shard, status, output_identity=identity, stop_reason=stop_reason
+            cfg,
+            info,
+            aux,
+            fmt,
+            manifest,
+            plan.rows_in_shard,
+            status,
+            serving,
+            computed_dtype,
+            output_identity=identity,
+            stop_reason=stop_reason,
         )
         try:
             write_data_config(cfg.output, data_config)
@@ -403,6 +497,7 @@ class Extraction:
             seconds=time.monotonic() - started,
             fatal_error=None if self._fatal is None else f"{type(self._fatal).__name__}: {self._fatal}",
             stop_reason=stop_reason,
+            hints=tuple(summary_lines(serving, data_config["trainer"], cfg.output)),
         )
 
     def _valid_samples(self, rows: dict[int, WrittenSample], vocab_size: int) -> Iterator[Sample]:
@@ -591,7 +686,8 @@ class Extraction:
         with self._lock:
             identity = self._identity
             if identity is not None and identity.dtype is None:
-                identity = self._identity = replace(identity, dtype=str(dump.final_hidden_state.dtype).removeprefix("torch."))
+                computed = str(dump.final_hidden_state.dtype).removeprefix("torch.")
+                identity = self._identity = replace(identity, dtype=computed, stored_dtype=identity.stored_dtype or computed)
                 write_identity(self.config.output, identity)
             dtype = identity.dtype if identity is not None else None
         return replace(expect, dtype=dtype)

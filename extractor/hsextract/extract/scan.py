@@ -22,6 +22,7 @@ class DatasetScan:
     total_rows: int
     row_hashes: dict[int, str] = field(default_factory=dict)  # every row of this shard
     tokens: dict[int, int] = field(default_factory=dict)  # valid rows of this shard: tokens after truncation
+    truncated: set[int] = field(default_factory=set)  # valid rows of this shard longer than max_seq_len
 
 
 def scan_dataset(
@@ -43,6 +44,9 @@ def scan_dataset(
             continue
         scan.row_hashes[item.row] = item.digest
         with contextlib.suppress(BadSampleError):
-            scan.tokens[item.row] = len(validate_row(item.row, item.raw, vocab_size, max_seq_len).input_ids)
+            sample = validate_row(item.row, item.raw, vocab_size, max_seq_len)
+            scan.tokens[item.row] = len(sample.input_ids)
+            if sample.truncated:
+                scan.truncated.add(item.row)
     scan.fingerprint = "sha256:" + fingerprint.hexdigest()
     return scan

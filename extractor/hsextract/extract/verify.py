@@ -77,7 +77,8 @@ def _expectations(output: Path, config: dict[str, Any] | None, identity: OutputI
                 f"{output}/data_config.json lacks {exc}; rerun the extraction (same command) to rewrite it"
             ) from None
     assert identity is not None
-    return _Expect(identity.format, identity.hidden_size, len(identity.aux_layer_ids), identity.max_seq_len, identity.dtype)
+    dtype = identity.stored_dtype or identity.dtype
+    return _Expect(identity.format, identity.hidden_size, len(identity.aux_layer_ids), identity.max_seq_len, dtype)
 
 
 def verify_output(output: Path, on_sample: Callable[[], None] | None = None) -> VerifyReport:

@@ -33,6 +33,8 @@ class OutputFormat(ABC):
     needs_final_prenorm: bool = False
     #: where sample files lie, relative to the root (a glob)
     sample_glob: str
+    #: the dtype the states are stored in; None: as the server computed them
+    stored_dtype: str | None = None
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
