@@ -1,18 +1,21 @@
 """Checksums of the sample files: taken while a file is written, checked on resume and by verify.
 
-``sha256:<hex>`` of the file's bytes. The specforge writer hashes what ``torch.save`` hands to the
-file as it goes (:class:`HashingWriter`, no second pass); the speculators writer reads its temp
-file back once (:func:`file_checksum`).
+``xxh3-128:<32 hex>`` of the file's bytes: they detect damage (a truncated, zeroed or altered file),
+not tampering, and xxh3 does that at ~50 GB/s, where sha256 (2 GB/s) halved the pack stage's rate
+and CRC32 (7 GB/s) still cost a fifth of it. The specforge writer checksums what ``torch.save``
+hands to the file as it goes (:class:`HashingWriter`, no second pass); the speculators writer reads
+its temp file back once (:func:`file_checksum`).
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-ALGORITHM = "sha256"
+import xxhash
+
+ALGORITHM = "xxh3-128"
 _CHUNK = 4 << 20
 
 
@@ -25,11 +28,11 @@ class WrittenFile:
 
 
 class HashingWriter:
-    """A write-only file object that hashes and counts what passes through it."""
+    """A write-only file object that checksums and counts what passes through it."""
 
     def __init__(self, handle: BinaryIO) -> None:
         self._handle = handle
-        self._hash = hashlib.new(ALGORITHM)
+        self._hash = xxhash.xxh3_128()
         self.bytes = 0
 
     def write(self, data: bytes) -> int:
@@ -45,7 +48,7 @@ class HashingWriter:
 
 
 def file_checksum(path: Path) -> str:
-    digest = hashlib.new(ALGORITHM)
+    digest = xxhash.xxh3_128()
     with open(path, "rb") as handle:
         while chunk := handle.read(_CHUNK):
             digest.update(chunk)

@@ -40,7 +40,7 @@ class WrittenSample:
     num_tokens: int
     original_length: int
     bytes: int
-    checksum: str | None = None  # "sha256:<hex>" of the file; None in outputs of older versions
+    checksum: str | None = None  # "xxh3-128:<hex>" of the file (checksum.py); None in outputs of older versions
     row_hash: str | None = None  # content hash of the dataset row (dataset.iter_rows)
 
     @property
