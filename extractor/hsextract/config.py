@@ -101,7 +101,11 @@ class ServeConfig(_Strict):
     )
     max_batch_tokens: int = Field(8192, gt=0, description="token budget of one batched forward (padded)")
     rid_prefix: RidPrefix = Field(defaults.RID_PREFIX, description="only rids <prefix>-<row>-n<tokens> are dumped")
-    dump_queue_size: int = Field(8, gt=0, description="extend batches waiting for the dump writer before forwards block")
+    dump_queue_size: int = Field(8, gt=0, description="extend batches waiting for the dump writers before forwards block")
+    dump_writers: int = Field(4, gt=0, le=64, description="threads writing dumps in parallel")
+    batch_window: int = Field(
+        256, gt=0, description="oldest waiting prompts a batch is chosen from (length-sorted around the oldest)"
+    )
 
     @field_validator("chunked_prefill_size")
     @classmethod
@@ -134,7 +138,8 @@ class SGLangLaunchConfig(_Strict):
     final_prenorm: bool = Field(False, description="also dump the final layer's pre-norm output (speculators format)")
     enable_metrics: bool = Field(True, description="SGLang's own Prometheus /metrics")
     trust_remote_code: bool = Field(True, description="pass --trust-remote-code (Kimi-K2.5 needs it)")
-    hook_queue_size: int = Field(4, gt=0, description="extend batches waiting for the dump writer before the forward waits")
+    hook_queue_size: int = Field(4, gt=0, description="extend batches waiting for the dump writers before the forward waits")
+    hook_dump_writers: int = Field(4, gt=0, le=64, description="threads of the hook writing dumps in parallel")
     extra_args: list[str] = Field(default_factory=list, description="further SGLang flags, checked against the refused list")
 
     @field_validator("python")

@@ -59,5 +59,28 @@ def check_dump(dump: Dump, sent_ids: list[int], expect: DumpExpectation) -> None
         dtype = str(tensor.dtype).removeprefix("torch.")
         if expect.dtype is not None and dtype != expect.dtype:
             raise DumpError("dtype_mismatch", f"dump {dump.rid} holds {dtype} tensors, expected {expect.dtype}")
-        if not bool(torch.isfinite(tensor).all()):
+        if not all_finite(tensor):
             raise DumpError("non_finite", f"dump {dump.rid} holds NaN or infinite values")
+
+
+# A float is NaN or infinite exactly when its exponent bits are all ones: one integer pass over the
+# bits instead of torch.isfinite, which is about 20 times slower on bfloat16 on the CPU.
+_EXPONENT_BITS = {
+    torch.bfloat16: (torch.int16, 0x7F80),
+    torch.float16: (torch.int16, 0x7C00),
+    torch.float32: (torch.int32, 0x7F800000),
+}
+_CHUNK = 1 << 23  # elements per pass: bounded temporaries, still large enough for all cores
+
+
+def all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every element is finite (no NaN, no infinity)."""
+    if tensor.numel() == 0 or not tensor.is_floating_point():
+        return True
+    spec = _EXPONENT_BITS.get(tensor.dtype)
+    if spec is None:
+        return bool(torch.isfinite(tensor).all())
+    int_dtype, mask = spec
+    bits = tensor.contiguous().view(int_dtype).reshape(-1)
+    chunks = (bits[start : start + _CHUNK] for start in range(0, bits.numel(), _CHUNK))
+    return all(int(torch.bitwise_and(chunk, mask).max()) != mask for chunk in chunks)

@@ -41,6 +41,7 @@ from hsextract.extract.dump_checks import DumpExpectation, check_dump
 from hsextract.extract.formats import OutputFormat, open_format
 from hsextract.extract.manifest import ErrorRecord, Manifest, WrittenSample
 from hsextract.extract.metrics import ExtractMetrics
+from hsextract.extract.plan import Plan, Planner
 from hsextract.extract.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -62,14 +63,6 @@ class RunSummary:
     total_tokens: int
     seconds: float
     fatal_error: str | None = None
-
-
-@dataclass(frozen=True)
-class Plan:
-    rows_in_shard: int
-    todo_rows: int
-    todo_tokens: int
-    settled: int
 
 
 def sweep_temp_files(root: Path) -> int:
@@ -103,6 +96,7 @@ class Extraction:
         self._written_now = 0
         self._failed_now = 0
         self._pinned_dtype: str | None = None
+        self._final_prenorm = False  # ask the server for the pre-norm state (only when the format needs it)
 
     # -- setup (nothing is written before all of it passes) -----------------------------------------
     def _preflight(self) -> tuple[ServerInfo, list[int], Path, OutputFormat]:
@@ -154,28 +148,14 @@ class Extraction:
             if row % cfg.num_shards == cfg.shard_index:
                 yield row, raw
 
-    def _plan(self, manifest: Manifest, vocab_size: int) -> Plan:
-        rows = todo = tokens = settled = 0
-        for row, raw in self._shard_rows():
-            rows += 1
-            if manifest.is_settled(row):
-                settled += 1
-                continue
-            try:
-                sample = validate_row(row, raw, vocab_size, self.config.max_seq_len)
-            except BadSampleError:
-                continue
-            todo += 1
-            tokens += len(sample.input_ids)
-        return Plan(rows_in_shard=rows, todo_rows=todo, todo_tokens=tokens, settled=settled)
-
     def _check_disk(self, plan: Plan, identity: ServerInfo, num_aux: int) -> None:
         per_token = (num_aux + 1) * identity.hidden_size * _DTYPE_BYTES.get(identity.dtype or "bfloat16", 2) + 16
         needed = int(plan.todo_tokens * per_token * self.config.disk_headroom)
         free = shutil.disk_usage(self.config.output).free
         self.metrics.planned_tokens.set(plan.todo_tokens)
         log.info(
-            "plan: %d rows in this shard, %d already settled, %d to extract (%d tokens, about %.2f GB; %.2f GB free)",
+            "plan%s: %d rows in this shard, %d already settled, %d to extract (%d tokens, about %.2f GB; %.2f GB free)",
+            "" if plan.exact else " (estimated from the first rows; counted exactly while the run goes)",
             plan.rows_in_shard,
             plan.settled,
             plan.todo_rows,
@@ -200,7 +180,9 @@ class Extraction:
         if swept:
             log.info("removed %d temporary files left by an interrupted run", swept)
         manifest = Manifest(cfg.output)
-        plan = self._plan(manifest, identity.vocab_size)
+        settled = set(manifest.written) | set(manifest.errors)
+        planner = Planner(cfg.dataset, self._shard_rows, settled, identity.vocab_size, cfg.max_seq_len, cfg.num_shards, self.stop)
+        plan = planner.estimate()  # the first rows only: the first request leaves within seconds
         self._check_disk(plan, identity, len(aux))
         if cfg.metrics_port:
             self.metrics.serve(cfg.metrics_port, cfg.metrics_host)
@@ -211,6 +193,8 @@ class Extraction:
         expect = DumpExpectation(aux, capture_indices(aux), identity.hidden_size, identity.dtype, fmt.needs_final_prenorm)
         self._pinned_dtype = identity.dtype
         progress = Progress(plan.rows_in_shard, plan.settled, plan.todo_tokens, cfg.log_interval_s)
+        planner.start(functools.partial(self._exact_plan, progress=progress))
+        self._final_prenorm = fmt.needs_final_prenorm and bool(identity.final_prenorm_per_request)
         status = RunStatus.COMPLETE
         try:
             self._stream(manifest, identity, fmt, dump_dir, expect, progress)
@@ -226,6 +210,7 @@ class Extraction:
         elif status is RunStatus.COMPLETE and self._failed_now:
             status = RunStatus.INCOMPLETE
         manifest.close()
+        plan = planner.result()
         if status in (RunStatus.COMPLETE, RunStatus.INCOMPLETE):
             fmt.finalize(self._valid_samples(manifest.written, identity.vocab_size), set(manifest.written))
         data_config = build_data_config(cfg, identity, aux, fmt, manifest, plan.rows_in_shard, status)
@@ -246,6 +231,11 @@ class Extraction:
             fatal_error=None if self._fatal is None else f"{type(self._fatal).__name__}: {self._fatal}",
         )
         return summary
+
+    def _exact_plan(self, plan: Plan, progress: Progress) -> None:
+        self.metrics.planned.set(plan.rows_in_shard)
+        self.metrics.planned_tokens.set(plan.todo_tokens)
+        progress.set_totals(plan.rows_in_shard, plan.todo_tokens)
 
     def _valid_samples(self, rows: dict[int, WrittenSample], vocab_size: int) -> Iterator[Sample]:
         for row, raw in self._shard_rows():
@@ -326,11 +316,15 @@ class Extraction:
             remove_dump(directory)
             started = time.monotonic()
             try:
-                self.client.prefill(rid, sample.input_ids)
+                with self.metrics.stage("request"):
+                    self.client.prefill(rid, sample.input_ids, final_prenorm=self._final_prenorm)
                 self.metrics.server_up.set(1)
-                dump = self._wait_for_dump(directory)
-                check_dump(dump, sample.input_ids, self._expectation(expect, dump))
-                size = fmt.write_sample(sample, dump)
+                with self.metrics.stage("wait_dump"):
+                    dump = self._wait_for_dump(directory)
+                with self.metrics.stage("verify"):
+                    check_dump(dump, sample.input_ids, self._expectation(expect, dump))
+                with self.metrics.stage("pack"):
+                    size = fmt.write_sample(sample, dump)
             except BadSampleError as exc:
                 remove_dump(directory)
                 self._record_bad(manifest, sample.row, exc)

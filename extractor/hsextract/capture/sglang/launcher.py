@@ -133,6 +133,7 @@ def hook_specs(config: SGLangLaunchConfig, aux_layer_ids: list[int]) -> list[dic
         "layer_ids": aux_layer_ids,
         "model_path": config.model_path,
         "queue_size": config.hook_queue_size,
+        "dump_writers": config.hook_dump_writers,
         "final_prenorm": config.final_prenorm,
     }
     specs = [
