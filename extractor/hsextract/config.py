@@ -51,7 +51,12 @@ class ExtractConfig(_Strict):
         None, description="aux layer ids, 0-based outputs (default: the server's, else [2, N//2, N-3])"
     )
     max_seq_len: int = Field(4096, gt=0, description="longer prompts are truncated to this many tokens and counted")
-    concurrency: int = Field(8, gt=0, le=1024, description="requests in flight at once")
+    concurrency: int = Field(
+        256, gt=0, le=1024, description="requests in flight at once (the server batches among those waiting)"
+    )
+    sort_window: int = Field(
+        2048, gt=0, description="rows read ahead and sent shortest first, so batches carry little padding (1: dataset order)"
+    )
     metrics_port: int | None = Field(None, ge=0, le=65535, description="serve Prometheus metrics on this port (0 or unset: off)")
     metrics_host: str = Field("0.0.0.0", description="address the metrics endpoint binds to")
     shard_index: int = Field(0, ge=0, description="this node's slice: rows with row %% num_shards == shard_index")
@@ -104,7 +109,7 @@ class ServeConfig(_Strict):
     dump_queue_size: int = Field(8, gt=0, description="extend batches waiting for the dump writers before forwards block")
     dump_writers: int = Field(4, gt=0, le=64, description="threads writing dumps in parallel")
     batch_window: int = Field(
-        256, gt=0, description="oldest waiting prompts a batch is chosen from (length-sorted around the oldest)"
+        1024, gt=0, description="oldest waiting prompts a batch is chosen from (length-sorted around the oldest)"
     )
 
     @field_validator("chunked_prefill_size")

@@ -114,49 +114,32 @@ class HostCopier:
 
         On a CUDA device the copies are queued on a side stream after everything queued so far on
         the current stream; the batch's ``ready`` event marks their end. On the CPU, ``private``
-        tensors (fresh, owned by this batch) are handed over as they are; others are cloned, since
-        the caller may overwrite them before the sink's thread reads them.
+        tensors (fresh, owned by this batch) are handed over as they are; others are not, since
+        the caller may overwrite them before the sink's thread reads them: they are copied into a
+        pooled buffer, synchronously.
         """
         n = int(final.shape[0])
         if aux.dim() != 3 or int(aux.shape[0]) != n or int(aux.shape[2]) != int(final.shape[-1]):
             raise ValueError(f"aux must be [n, K, H] with n={n}, H={final.shape[-1]}; got {tuple(aux.shape)}")
-        if not final.is_cuda:
-
-            def take(tensor: torch.Tensor) -> torch.Tensor:
-                return tensor if private else tensor.clone()
-
-            return ExtendBatch(
-                segments=segments,
-                input_ids=take(input_ids.cpu()),
-                aux=take(aux),
-                final=take(final),
-                final_prenorm=None if prenorm is None else take(prenorm),
-                spans=spans,
-            )
+        if private and not final.is_cuda:
+            return ExtendBatch(segments, input_ids.cpu(), aux, final, prenorm, spans=spans)
         num_aux, width = int(aux.shape[1]), int(final.shape[-1])
         buffer = self.pool.acquire(n, num_aux, width, final.dtype, prenorm=prenorm is not None)
+        states = n * width
+        ids_host = buffer.ids[:n]
+        aux_host = buffer.aux[: states * num_aux].view(n, num_aux, width)
+        final_host = buffer.final[:states].view(n, width)
+        prenorm_host = None if prenorm is None else buffer.prenorm[:states].view(n, width)
+        pairs = [(ids_host, input_ids), (aux_host, aux), (final_host, final)]
+        if prenorm is not None and prenorm_host is not None:
+            pairs.append((prenorm_host, prenorm))
+        ready: Any = None
         try:
-            stream = self._stream(final.device)
-            stream.wait_stream(torch.cuda.current_stream(final.device))
-            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            ready = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            states = n * width
-            ids_host = buffer.ids[:n]
-            aux_host = buffer.aux[: states * num_aux].view(n, num_aux, width)
-            final_host = buffer.final[:states].view(n, width)
-            prenorm_host = None if prenorm is None else buffer.prenorm[:states].view(n, width)
-            with torch.cuda.stream(stream):
-                start.record(stream)
-                ids_host.copy_(input_ids, non_blocking=True)
-                aux_host.copy_(aux, non_blocking=True)
-                final_host.copy_(final, non_blocking=True)
-                if prenorm is not None and prenorm_host is not None:
-                    prenorm_host.copy_(prenorm, non_blocking=True)
-                ready.record(stream)
-            # The caching allocator must not hand the sources' memory to anyone before the copies end.
-            for source in (input_ids, aux, final, prenorm):
-                if source is not None and source.is_cuda:
-                    source.record_stream(stream)
+            if final.is_cuda:
+                ready, spans = self._copy_on_side_stream(pairs, final.device, spans)
+            else:
+                for target, source in pairs:
+                    target.copy_(source)
         except BaseException:
             self.pool.release(buffer)
             raise
@@ -168,5 +151,23 @@ class HostCopier:
             final_prenorm=prenorm_host,
             ready=ready,
             release=lambda: self.pool.release(buffer),
-            spans=[*spans, ("d2h", start, ready)],
+            spans=spans,
         )
+
+    def _copy_on_side_stream(
+        self, pairs: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device, spans: Sequence[tuple[str, Any, Any]]
+    ) -> tuple[Any, list[tuple[str, Any, Any]]]:
+        stream = self._stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        ready = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        with torch.cuda.stream(stream):
+            start.record(stream)
+            for target, source in pairs:
+                target.copy_(source, non_blocking=True)
+            ready.record(stream)
+        # The caching allocator must not hand the sources' memory to anyone before the copies end.
+        for _, source in pairs:
+            if source.is_cuda:
+                source.record_stream(stream)
+        return ready, [*spans, ("d2h", start, ready)]

@@ -3,7 +3,9 @@
 Stages (``hsextract_server_stage_seconds{stage=...}``, a histogram per stage):
 
 * ``queue``: a request's wait from arrival to the start of its forward (embedded engine)
-* ``forward``: GPU time of one batched forward, from CUDA events (host time on the CPU)
+* ``launch``: host time the scheduler thread spent queueing one batched forward (on a GPU the
+  forward itself runs on; a launch as long as the forward would leave the device waiting)
+* ``forward``: GPU time of one forward (batch or chunk), from CUDA events (host time on the CPU)
 * ``d2h``: GPU time of one batch's device-to-host copy on the side stream
 * ``wait_copy``: how long the dump assembler waited for a copy to land
 * ``dump_write``: one dump written (a writer thread; several run at once)
@@ -19,7 +21,7 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-STAGES = ("queue", "forward", "d2h", "wait_copy", "dump_write")
+STAGES = ("queue", "launch", "forward", "d2h", "wait_copy", "dump_write")
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 

@@ -41,6 +41,7 @@ from hsextract.extract.dump_checks import DumpExpectation, check_dump
 from hsextract.extract.formats import OutputFormat, open_format
 from hsextract.extract.manifest import ErrorRecord, Manifest, WrittenSample
 from hsextract.extract.metrics import ExtractMetrics
+from hsextract.extract.ordering import shortest_first
 from hsextract.extract.plan import Plan, Planner
 from hsextract.extract.progress import Progress
 
@@ -255,7 +256,7 @@ class Extraction:
         slots = threading.BoundedSemaphore(cfg.concurrency)
         with ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="hsextract-req") as pool:
             try:
-                for row, raw in self._shard_rows():
+                for row, raw in shortest_first(self._shard_rows(), cfg.sort_window):
                     if self.stop.is_set():
                         break
                     if manifest.is_settled(row):

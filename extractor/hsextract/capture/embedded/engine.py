@@ -275,6 +275,7 @@ class Engine:
         self.clock.padded_tokens.inc(padded_tokens(lengths))
         began, started = self._mark()
         out = self.base(input_ids=ids.to(self.device, non_blocking=True), output_hidden_states=True, use_cache=False)
+        self.clock.observe("launch", time.perf_counter() - began)
         states, prenorm = out.hidden_states, self._prenorm
         self._prenorm = None
         segments, row = [], 0
