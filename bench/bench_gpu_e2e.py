@@ -45,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
@@ -258,7 +259,10 @@ def plain_forward(model: Any, rows: list[list[int]], args: argparse.Namespace, d
         ids = torch.zeros((len(batch), longest), dtype=torch.int64)
         for slot, index in enumerate(batch):
             ids[slot, : lengths[index]] = torch.tensor(rows[index])
-        out = base(input_ids=ids.to(device, non_blocking=True), output_hidden_states=True, use_cache=False)
+        # An empty cache, as the engine passes: without one transformers reads a device value back in
+        # every forward (its packed-sequence check), which would stall the queue of forwards.
+        cache = transformers.DynamicCache(config=model.config)
+        out = base(input_ids=ids.to(device, non_blocking=True), output_hidden_states=True, cache=cache)
         del out
 
     def sync() -> None:
@@ -485,12 +489,15 @@ def reference_fp32(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     engine = Engine(serve)
     rng = random.Random(7)
     prompts = [[rng.randrange(4096) for _ in range(rng.randint(20, 600))] for _ in range(12)]
+    syncs: list[str] = []
     try:
-        futures = [engine.submit(make_rid(i, len(p)), p) for i, p in enumerate(prompts)]
-        for future in futures:
-            future.result(timeout=300)
+        with sync_warnings(syncs, args.device == "cuda"):
+            futures = [engine.submit(make_rid(i, len(p)), p) for i, p in enumerate(prompts)]
+            for future in futures:
+                future.result(timeout=300)
     finally:
         engine.shutdown()
+    on_forward_thread = [m for m in syncs if m.startswith("hsextract-scheduler:")]
     reference = transformers.AutoModelForCausalLM.from_pretrained(model_dir).to(args.device).eval()
     worst = 0.0
 
@@ -510,7 +517,32 @@ def reference_fp32(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         "worst_relative_error": worst,
         "tolerance": 1e-4,
         "passed": worst < 1e-4,
+        "device_syncs_on_forward_thread": len(on_forward_thread),
+        "device_syncs_elsewhere": len(syncs) - len(on_forward_thread),
+        "device_sync_examples": syncs[:5],
+        "device_syncs_how": "torch.cuda.set_sync_debug_mode('warn') while the engine served the prompts; "
+        "waits on one forward's own event are not device-wide and are not counted",
     }
+
+
+@contextmanager
+def sync_warnings(into: list[str], enabled: bool) -> Iterator[None]:
+    """Record (thread: message) for every synchronizing CUDA call PyTorch warns about, any thread."""
+    if not enabled:
+        yield
+        return
+
+    def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        into.append(f"{threading.current_thread().name}: {str(message).splitlines()[0][:200]}")
+
+    with warnings.catch_warnings():  # the filters and showwarning are process-wide: every thread
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
 
 
 # -- main -------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ the estimate in the metrics and progress once known, and in ``data_config.json``
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -21,7 +22,7 @@ from hsextract.extract.dataset import dataset_kind, validate_row
 
 log = logging.getLogger(__name__)
 
-SAMPLE_ROWS = 2000  # rows the estimate decodes at most
+SAMPLE_ROWS = 500  # rows the estimate decodes at most
 SAMPLE_BYTES = 64 << 20  # JSONL bytes the estimate reads at most
 
 
@@ -62,8 +63,9 @@ class Planner:
     def estimate(self) -> Plan:
         """Exact when the shard has at most a sample's worth of rows; else scaled from the first rows."""
         rows = todo = tokens = settled = 0
-        iterator = self._shard_rows()
-        for row, raw in iterator:
+        for row, raw in itertools.islice(self._shard_rows(), SAMPLE_ROWS + 1):
+            if rows == SAMPLE_ROWS:
+                break  # there is more than the sample
             rows += 1
             if row in self._settled:
                 settled += 1
@@ -74,8 +76,6 @@ class Planner:
                 continue
             todo += 1
             tokens += len(sample.input_ids)
-            if rows >= SAMPLE_ROWS:
-                break
         else:
             self._estimate = self._exact = Plan(rows, todo, tokens, settled)
             return self._exact

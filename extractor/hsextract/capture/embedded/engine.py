@@ -274,7 +274,11 @@ class Engine:
         self.clock.tokens.inc(sum(lengths))
         self.clock.padded_tokens.inc(padded_tokens(lengths))
         began, started = self._mark()
-        out = self.base(input_ids=ids.to(self.device, non_blocking=True), output_hidden_states=True, use_cache=False)
+        out = self.base(
+            input_ids=ids.to(self.device, non_blocking=True),
+            output_hidden_states=True,
+            **{self._cache_kwarg: self._throwaway_cache()},
+        )
         self.clock.observe("launch", time.perf_counter() - began)
         states, prenorm = out.hidden_states, self._prenorm
         self._prenorm = None
@@ -334,6 +338,14 @@ class Engine:
         else:
             self._chunking.append(request)
         self._emit(_Rows([segment], ids, *gathered), requests if last else [], began, started)
+
+    def _throwaway_cache(self) -> Any:
+        """An empty KV cache for a whole-prompt forward. Without a cache (and without a mask),
+        transformers checks the position ids for packed sequences and reads the answer back from
+        the device: a synchronization in every forward, which would stall the queue of forwards."""
+        import transformers
+
+        return transformers.DynamicCache(config=self.config)
 
     def _gather(
         self, rows: Callable[[torch.Tensor], torch.Tensor], states: Sequence[torch.Tensor], prenorm: Any, with_prenorm: bool
