@@ -25,7 +25,7 @@ from hsextract.config import ServeConfig
 from hsextract.dev.sample_data import make_sample_data
 from hsextract.ops import status as ops_status
 
-from ..conftest import free_port, run_extraction
+from ..helpers import free_port, run_extraction
 from .conftest import REPO, SSHServer
 
 ROWS = 8

@@ -32,7 +32,30 @@ class Plan:
     todo_rows: int
     todo_tokens: int
     settled: int
-    exact: bool = True
+    truncated_rows: int = 0  # rows to extract that are longer than max_seq_len
+    longest_tokens: int = 0  # the longest sample the output will hold (after truncation)
+    over_trainer_default: int = 0  # samples longer than the trainer's default length
+    exact: bool = True  # False: scaled from the first rows (the length figures are those rows')
+
+
+class _Count:
+    """Running totals over rows to extract, plus the lengths of samples written before."""
+
+    def __init__(self, written_lengths: list[int], trainer_default: int) -> None:
+        self.rows = self.todo = self.tokens = self.settled = self.truncated = 0
+        self.longest = max(written_lengths, default=0)
+        self.trainer_default = trainer_default
+        self.over_default = sum(1 for n in written_lengths if n > trainer_default)
+
+    def add(self, tokens: int, truncated: bool) -> None:
+        self.todo += 1
+        self.tokens += tokens
+        self.truncated += truncated
+        self.longest = max(self.longest, tokens)
+        self.over_default += tokens > self.trainer_default
+
+    def plan(self) -> Plan:
+        return Plan(self.rows, self.todo, self.tokens, self.settled, self.truncated, self.longest, self.over_default, exact=True)
 
 
 class Planner:
@@ -47,6 +70,8 @@ class Planner:
         max_seq_len: int,
         num_shards: int = 1,
         stop: threading.Event | None = None,
+        written_lengths: list[int] | None = None,
+        trainer_default: int = 0,
     ) -> None:
         self.dataset = Path(dataset)
         self._shard_rows = shard_rows
@@ -55,6 +80,8 @@ class Planner:
         self.max_seq_len = max_seq_len
         self.num_shards = num_shards
         self._stop = stop or threading.Event()
+        self._written_lengths = list(written_lengths or [])
+        self._trainer_default = trainer_default
         self._estimate: Plan | None = None
         self._exact: Plan | None = None
         self._thread: threading.Thread | None = None
@@ -62,29 +89,42 @@ class Planner:
     # -- up front ---------------------------------------------------------------------------------
     def estimate(self) -> Plan:
         """Exact when the shard has at most a sample's worth of rows; else scaled from the first rows."""
-        rows = todo = tokens = settled = 0
+        count = _Count(self._written_lengths, self._trainer_default)
         for row, raw in itertools.islice(self._shard_rows(), SAMPLE_ROWS + 1):
-            if rows == SAMPLE_ROWS:
+            if count.rows == SAMPLE_ROWS:
                 break  # there is more than the sample
-            rows += 1
-            if row in self._settled:
-                settled += 1
-                continue
-            try:
-                sample = validate_row(row, raw, self.vocab_size, self.max_seq_len)
-            except BadSampleError:
-                continue
-            todo += 1
-            tokens += len(sample.input_ids)
+            self._add(count, row, raw)
         else:
-            self._estimate = self._exact = Plan(rows, todo, tokens, settled)
+            self._estimate = self._exact = count.plan()
             return self._exact
-        total = self._estimated_shard_rows(rows)
+        total = self._estimated_shard_rows(count.rows)
         settled_total = len(self._settled)
-        valid = todo / max(1, rows - settled)
+        valid = count.todo / max(1, count.rows - count.settled)
         todo_rows = round(max(0, total - settled_total) * valid)
-        self._estimate = Plan(total, todo_rows, round(todo_rows * tokens / max(1, todo)), settled_total, exact=False)
+        tokens = round(todo_rows * count.tokens / max(1, count.todo))
+        sampled = count.plan()
+        self._estimate = Plan(
+            total,
+            todo_rows,
+            tokens,
+            settled_total,
+            sampled.truncated_rows,
+            sampled.longest_tokens,
+            sampled.over_trainer_default,
+            exact=False,
+        )
         return self._estimate
+
+    def _add(self, count: _Count, row: int, raw: object) -> None:
+        count.rows += 1
+        if row in self._settled:
+            count.settled += 1
+            return
+        try:
+            sample = validate_row(row, raw, self.vocab_size, self.max_seq_len)
+        except BadSampleError:
+            return
+        count.add(len(sample.input_ids), sample.truncated)
 
     def _estimated_shard_rows(self, sampled: int) -> int:
         kind = dataset_kind(self.dataset)
@@ -132,21 +172,12 @@ class Planner:
         self._thread.start()
 
     def _count(self) -> Plan | None:
-        rows = todo = tokens = settled = 0
+        count = _Count(self._written_lengths, self._trainer_default)
         for row, raw in self._shard_rows():
             if self._stop.is_set():
                 return None
-            rows += 1
-            if row in self._settled:
-                settled += 1
-                continue
-            try:
-                sample = validate_row(row, raw, self.vocab_size, self.max_seq_len)
-            except BadSampleError:
-                continue
-            todo += 1
-            tokens += len(sample.input_ids)
-        return Plan(rows, todo, tokens, settled)
+            self._add(count, row, raw)
+        return count.plan()
 
     def result(self) -> Plan:
         """The exact plan once counted (waits for the counter unless the run was stopped), else the estimate."""

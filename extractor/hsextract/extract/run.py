@@ -21,8 +21,10 @@ from hsextract.config import ExtractConfig
 from hsextract.contract.atomic import is_temp_name
 from hsextract.contract.dumps import Dump, dump_state, read_dump, read_error, remove_dump
 from hsextract.contract.layers import capture_indices, resolve_aux_layer_ids
+from hsextract.contract.model_config import read_model_config
 from hsextract.contract.rids import make_rid
 from hsextract.contract.server_info import ServerInfo
+from hsextract.contract.sglang_capture import ModelFamily, family_of
 from hsextract.contract.states import DumpState, ErrorKind, RunStatus
 from hsextract.errors import (
     BadSampleError,
@@ -44,6 +46,14 @@ from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.ordering import shortest_first
 from hsextract.extract.plan import Plan, Planner
 from hsextract.extract.progress import Progress
+from hsextract.extract.serving_hints import (
+    SPECFORGE_NUM_AUX_LAYERS,
+    TRAINER_DEFAULT_LENGTH,
+    TRAINER_LENGTH_SETTING,
+    SGLangServing,
+    sglang_serving,
+    summary_lines,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +74,8 @@ class RunSummary:
     total_tokens: int
     seconds: float
     fatal_error: str | None = None
+    #: how to serve and train on the output (data_config.json ``serving`` and ``trainer``)
+    hints: tuple[str, ...] = ()
 
 
 def sweep_temp_files(root: Path) -> int:
@@ -135,6 +147,7 @@ class Extraction:
                 ("aux_layer_ids", aux),
                 ("hidden_size", identity.hidden_size),
                 ("max_seq_len", cfg.max_seq_len),
+                *((("dtype", fmt.stored_dtype),) if fmt.stored_dtype else ()),
             ):
                 if previous.get(key) != now:
                     raise ConfigError(
@@ -143,27 +156,65 @@ class Extraction:
                     )
         return identity, aux, dump_dir, fmt
 
+    def _serving_and_trainer_guards(self, identity: ServerInfo, aux: list[int], fmt: OutputFormat) -> SGLangServing:
+        """Refuse what the trainer or SGLang would fail on later; the SGLang value for these layers."""
+        cfg = self.config
+        if fmt.name == "specforge" and len(aux) != SPECFORGE_NUM_AUX_LAYERS:
+            raise ConfigError(
+                f"format specforge with {len(aux)} aux layers {aux}: SpecForge's EAGLE-3 draft takes exactly "
+                f"{SPECFORGE_NUM_AUX_LAYERS} (it refuses any other count at its first step); set three layer_ids or use "
+                "--format speculators"
+            )
+        if cfg.architecture != "auto":
+            family: ModelFamily | None = ModelFamily(cfg.architecture)
+        else:
+            family = family_of(read_model_config(identity.model_path)) if identity.model_path else None
+            if family is None:
+                log.warning(
+                    "the model family of %r is unknown here: data_config.json will carry no SGLang draft-config value; "
+                    "set architecture (--architecture deepseek|llama|qwen2) to get it",
+                    identity.model_path,
+                )
+        serving = sglang_serving(family, aux, identity.num_layers)  # ConfigError when SGLang cannot serve them
+        computed = identity.dtype
+        if fmt.stored_dtype is not None and computed is not None and computed != fmt.stored_dtype:
+            log.info(
+                "the server computes %s states; format %s stores them as %s (its trainer runs in %s), recorded in "
+                "data_config.json",
+                computed,
+                fmt.name,
+                fmt.stored_dtype,
+                fmt.stored_dtype,
+            )
+        return serving
+
     def _shard_rows(self) -> Iterator[tuple[int, object]]:
         cfg = self.config
         for row, raw in iter_raw_rows(cfg.dataset):
             if row % cfg.num_shards == cfg.shard_index:
                 yield row, raw
 
-    def _check_disk(self, plan: Plan, identity: ServerInfo, num_aux: int) -> None:
-        per_token = (num_aux + 1) * identity.hidden_size * _DTYPE_BYTES.get(identity.dtype or "bfloat16", 2) + 16
+    def _check_disk(self, plan: Plan, identity: ServerInfo, num_aux: int, fmt: OutputFormat) -> None:
+        stored = fmt.stored_dtype or identity.dtype or "bfloat16"
+        per_token = (num_aux + 1) * identity.hidden_size * _DTYPE_BYTES.get(stored, 2) + 16
         needed = int(plan.todo_tokens * per_token * self.config.disk_headroom)
         free = shutil.disk_usage(self.config.output).free
         self.metrics.planned_tokens.set(plan.todo_tokens)
         log.info(
-            "plan%s: %d rows in this shard, %d already settled, %d to extract (%d tokens, about %.2f GB; %.2f GB free)",
+            "plan%s: %d rows in this shard, %d already settled, %d to extract (%d tokens x %d bytes as %s: about %.2f GB; "
+            "%.2f GB free)",
             "" if plan.exact else " (estimated from the first rows; counted exactly while the run goes)",
             plan.rows_in_shard,
             plan.settled,
             plan.todo_rows,
             plan.todo_tokens,
+            per_token,
+            stored,
             needed / 1e9,
             free / 1e9,
         )
+        if plan.exact:
+            self._log_lengths(plan)
         if needed > free:
             raise DiskSpaceError(
                 f"output {self.config.output} has {free / 1e9:.2f} GB free but this run needs about {needed / 1e9:.2f} GB "
@@ -171,20 +222,50 @@ class Extraction:
                 "another --output"
             )
 
+    def _log_lengths(self, plan: Plan) -> None:
+        cfg = self.config
+        log.info(
+            "plan: %d of them longer than max_seq_len %d (truncated and counted); the longest sample will have %d tokens",
+            plan.truncated_rows,
+            cfg.max_seq_len,
+            plan.longest_tokens,
+        )
+        if plan.over_trainer_default:
+            log.warning(
+                "plan: %d samples are longer than %s's default %s %d and would lose their tail there: train with %s %d "
+                "(recorded in data_config.json)",
+                plan.over_trainer_default,
+                cfg.format,
+                TRAINER_LENGTH_SETTING[cfg.format],
+                TRAINER_DEFAULT_LENGTH[cfg.format],
+                TRAINER_LENGTH_SETTING[cfg.format],
+                plan.longest_tokens,
+            )
+
     # -- the run ------------------------------------------------------------------------------------
     def run(self) -> RunSummary:
         started = time.monotonic()
         cfg = self.config
         identity, aux, dump_dir, fmt = self._preflight()
+        serving = self._serving_and_trainer_guards(identity, aux, fmt)
         cfg.output.mkdir(parents=True, exist_ok=True)
         swept = sweep_temp_files(cfg.output)
         if swept:
             log.info("removed %d temporary files left by an interrupted run", swept)
         manifest = Manifest(cfg.output)
-        settled = set(manifest.written) | set(manifest.errors)
-        planner = Planner(cfg.dataset, self._shard_rows, settled, identity.vocab_size, cfg.max_seq_len, cfg.num_shards, self.stop)
+        planner = Planner(
+            cfg.dataset,
+            self._shard_rows,
+            set(manifest.written) | set(manifest.errors),
+            identity.vocab_size,
+            cfg.max_seq_len,
+            cfg.num_shards,
+            self.stop,
+            written_lengths=[s.num_tokens for s in manifest.written.values()],
+            trainer_default=TRAINER_DEFAULT_LENGTH[cfg.format],
+        )
         plan = planner.estimate()  # the first rows only: the first request leaves within seconds
-        self._check_disk(plan, identity, len(aux))
+        self._check_disk(plan, identity, len(aux), fmt)
         if cfg.metrics_port:
             self.metrics.serve(cfg.metrics_port, cfg.metrics_host)
             log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, cfg.metrics_port)
@@ -194,7 +275,8 @@ class Extraction:
         expect = DumpExpectation(aux, capture_indices(aux), identity.hidden_size, identity.dtype, fmt.needs_final_prenorm)
         self._pinned_dtype = identity.dtype
         progress = Progress(plan.rows_in_shard, plan.settled, plan.todo_tokens, cfg.log_interval_s)
-        planner.start(functools.partial(self._exact_plan, progress=progress))
+        if not plan.exact:
+            planner.start(functools.partial(self._exact_plan, progress=progress))
         self._final_prenorm = fmt.needs_final_prenorm and bool(identity.final_prenorm_per_request)
         status = RunStatus.COMPLETE
         try:
@@ -214,7 +296,9 @@ class Extraction:
         plan = planner.result()
         if status in (RunStatus.COMPLETE, RunStatus.INCOMPLETE):
             fmt.finalize(self._valid_samples(manifest.written, identity.vocab_size), set(manifest.written))
-        data_config = build_data_config(cfg, identity, aux, fmt, manifest, plan.rows_in_shard, status)
+        data_config = build_data_config(
+            cfg, identity, aux, fmt, manifest, plan.rows_in_shard, status, serving, identity.dtype or self._pinned_dtype
+        )
         write_data_config(cfg.output, data_config)
         self.client.close()
         summary = RunSummary(
@@ -230,6 +314,7 @@ class Extraction:
             total_tokens=data_config["total_tokens"],
             seconds=time.monotonic() - started,
             fatal_error=None if self._fatal is None else f"{type(self._fatal).__name__}: {self._fatal}",
+            hints=tuple(summary_lines(serving, data_config["trainer"], cfg.output)),
         )
         return summary
 
@@ -237,6 +322,7 @@ class Extraction:
         self.metrics.planned.set(plan.rows_in_shard)
         self.metrics.planned_tokens.set(plan.todo_tokens)
         progress.set_totals(plan.rows_in_shard, plan.todo_tokens)
+        self._log_lengths(plan)
 
     def _valid_samples(self, rows: dict[int, WrittenSample], vocab_size: int) -> Iterator[Sample]:
         for row, raw in self._shard_rows():
