@@ -34,6 +34,12 @@ class PinnedBuffer:
 
     def ensure(self, tokens: int, num_aux: int, hidden: int, dtype: torch.dtype, prenorm: bool) -> None:
         """Grow (never shrink) to hold ``tokens`` rows of ``num_aux`` + 1 states (+1 with ``prenorm``)."""
+        # Normal tensors even when first grown inside a forward's inference mode: an inference
+        # tensor could not be written to by a later call from outside it.
+        with torch.inference_mode(False):
+            self._grow(tokens, num_aux, hidden, dtype, prenorm)
+
+    def _grow(self, tokens: int, num_aux: int, hidden: int, dtype: torch.dtype, prenorm: bool) -> None:
         states = tokens * hidden
         if self.ids.numel() < tokens:
             self.ids = torch.empty(tokens, dtype=torch.int64, pin_memory=self.pin)
