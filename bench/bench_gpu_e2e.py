@@ -10,8 +10,10 @@ Creates everything on the GPU host, nothing downloaded:
 Then, in one run:
 
 (a) ``forward``: the plain transformers forward (decoder stack, ``output_hidden_states``, no
-    dumping) of the same truncated rows, right-padded, sorted by length over the whole dataset and
-    batched to the same --max-batch-tokens budget as the server: the model's own rate.
+    dumping; the saved model loaded as the server loads it) of the same truncated rows, right-padded,
+    sorted by length over the whole dataset and batched to the same --max-batch-tokens budget as the
+    server: the model's own rate. Like the engine it passes an empty KV cache, which spares every
+    forward transformers' packed-sequence check (a read of a device value).
 (b) ``e2e_disk``: ``hsextract serve --device cuda`` (a subprocess, started once) and ``Extraction.run()``
     (what ``hsextract extract`` runs, in this process so its stage metrics can be read) with the
     output on the local disk (--disk-dir); wall time including preflight and planning.
@@ -21,7 +23,8 @@ Then, in one run:
 
 ``e2e_vs_forward_ratio`` = (c) / (a); ``e2e_vs_limit_ratio`` = (b) / min((a), (d)); GPU utilisation
 (NVML) is sampled during each phase; per-stage seconds come from the server's ``/metrics`` and the
-extractor's ``hsextract_stage_seconds``. Reference checks on the GPU: (1) the first rows of (c)'s
+extractor's ``hsextract_stage_seconds``; synchronizing CUDA calls on the engine's forward thread are
+counted with ``torch.cuda.set_sync_debug_mode``. Reference checks on the GPU: (1) the first rows of (c)'s
 output against a batch-1 plain forward of the same rows on the same bf16 model (own layer index vs
 the neighbouring ones); (2) a float32 Llama-shaped small model through the embedded engine on CUDA,
 batched with padding, against batch-1 float32 forwards at 1e-4. --cpu-smoke runs the whole script
@@ -628,6 +631,11 @@ def main() -> int:
         if "b" not in skip and need > free:
             raise SystemExit(
                 f"{disk} has {free / GB:.1f} GB free, (b) writes about {need / GB:.1f} GB: pass --disk-dir elsewhere"
+            )
+        free = shutil.disk_usage(tmpfs).free
+        if "c" not in skip and need > free:
+            raise SystemExit(
+                f"{tmpfs} has {free / GB:.1f} GB free, (c) writes about {need / GB:.1f} GB: pass --tmpfs-dir elsewhere"
             )
         results.update(dataset={k: v for k, v in dataset.items() if k != "lengths_truncated"})
         log.info("dataset: %d rows, %d tokens after truncation to %d", args.rows, tokens, args.max_seq_len)
