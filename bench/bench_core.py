@@ -38,8 +38,8 @@ import torch
 import transformers
 
 from hsextract.capture.embedded.engine import Engine
-from hsextract.config import ExtractConfig
-from hsextract.contract.dumps import HIDDEN_FILE, read_dump, write_dump
+from hsextract.config import ExtractConfig, ServeConfig
+from hsextract.contract.dumps import HIDDEN_FILE, DumpSource, read_dump, write_dump
 from hsextract.contract.rids import make_rid
 from hsextract.dev.sample_data import make_sample_data
 from hsextract.dev.tiny_model import make_tiny_model
@@ -77,9 +77,9 @@ def bench_pack(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     samples = [Sample(row, ids.tolist(), [1] * t, t) for row in range(args.dumps)]
     seconds: dict[str, list[float]] = {"pack": [], "copy": []}
     nbytes: dict[str, list[int]] = {"pack": [], "copy": []}
-    meta = {"layer_ids": list(range(k))}
+    source = DumpSource("bench", "0", "random", layer_ids=list(range(k)), capture_indices=[i + 1 for i in range(k)])
     for repeat in range(args.repeats):
-        dumps = [write_dump(root / "dumps", make_rid(s.row, t), ids, aux, final, meta, prenorm) for s in samples]
+        dumps = [write_dump(root / "dumps", make_rid(s.row, t), ids, aux, final, source, prenorm) for s in samples]
         for stage in ("pack", "copy") if repeat % 2 == 0 else ("copy", "pack"):
             os.sync()  # neither stage pays for the other's (or the dumps') writeback
             started = time.perf_counter()
@@ -132,7 +132,8 @@ def load_samples(data: Path) -> list[Sample]:
 def forward_seconds(model: Path, samples: list[Sample], args: argparse.Namespace) -> float:
     """Seconds for an in-process Engine, dumping off, to prefill every sample at the given concurrency."""
     chunk, batch_tokens = args.chunked_prefill_size, args.max_batch_tokens
-    engine = Engine(model, Path("/nonexistent"), chunked_prefill_size=chunk, max_batch_tokens=batch_tokens, dump=False)
+    serve = ServeConfig(model=model, dump_dir=Path("/nonexistent"), chunked_prefill_size=chunk, max_batch_tokens=batch_tokens)
+    engine = Engine(serve, dump=False)
     try:
         engine.submit("warmup", [0]).result()  # as the server's health check warms it before extraction
         futures: list[Future[dict[str, Any]]] = []

@@ -1,25 +1,27 @@
-"""Shared fixtures: real tiny models, a real embedded HTTP server, real files."""
+"""Fixtures of the package tests: real tiny models and real embedded HTTP servers.
+
+Tests outside tests/unit are marked ``integration`` here (they start servers or run models);
+``make test-fast`` runs tests/unit only. Shared helpers live in tests/helpers.py.
+"""
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from hsextract.capture.embedded import EmbeddedServer, Engine
-from hsextract.config import ExtractConfig
 from hsextract.dev.tiny_model import make_tiny_model
-from hsextract.extract.metrics import ExtractMetrics
-from hsextract.extract.run import Extraction, RunSummary
+
+from .helpers import RunningServer
+
+UNIT_DIR = Path(__file__).parent / "unit"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if UNIT_DIR not in item.path.parents:
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")
@@ -37,33 +39,16 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     yield get
 
 
-class RunningServer:
-    def __init__(self, engine: Engine, server: EmbeddedServer) -> None:
-        self.engine = engine
-        self.server = server
-        self.url = f"http://127.0.0.1:{server.port}"
-        self.dump_dir = engine.dump_dir
-
-
 @pytest.fixture
 def start_server(tmp_path: Path) -> Iterator[object]:
     started: list[RunningServer] = []
 
-    def start(model: Path, **engine_kwargs: object) -> RunningServer:
-        dump_dir = Path(str(engine_kwargs.pop("dump_dir", tmp_path / f"dumps{len(started)}")))
-        engine = Engine(model, dump_dir, **engine_kwargs)  # type: ignore[arg-type]
-        server = EmbeddedServer(engine, "127.0.0.1", 0)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        running = RunningServer(engine, server)
+    def start(model: Path, **engine_settings: object) -> RunningServer:
+        dump_dir = Path(str(engine_settings.pop("dump_dir", tmp_path / f"dumps{len(started)}")))
+        running = RunningServer.start(model, dump_dir, **engine_settings)
         started.append(running)
         return running
 
     yield start
     for running in started:
-        running.server.shutdown()
-
-
-def run_extraction(server_url: str, dataset: Path, output: Path, **overrides: object) -> RunSummary:
-    settings: dict[str, object] = {"health_timeout_s": 30, **overrides}
-    config = ExtractConfig(server=server_url, dataset=dataset, output=output, **settings)  # type: ignore[arg-type]
-    return Extraction(config, metrics=ExtractMetrics()).run()
+        running.stop()

@@ -9,7 +9,7 @@ import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .conftest import run_extraction
+from .helpers import run_extraction
 
 GOOD = {"input_ids": [5, 6, 7, 8, 9], "loss_mask": [0, 0, 1, 1, 1]}
 BAD_LINES = {

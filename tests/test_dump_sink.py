@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hsextract.capture.dump_sink import DumpSink, ExtendBatch, Segment
-from hsextract.contract.dumps import dump_path, dump_state, read_dump, read_error
+from hsextract.contract.dumps import DumpSource, dump_path, dump_state, read_dump, read_error
 from hsextract.contract.rids import make_rid, parse_rid
 from hsextract.errors import DumpError
 
@@ -22,7 +22,7 @@ def rows(n: int, offset: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
 
 
 def make_sink(root: Path) -> DumpSink:
-    return DumpSink(root, {"layer_ids": [2, 4, 5], "capture_indices": [3, 5, 6]})
+    return DumpSink(root, DumpSource("test", "0", "model", layer_ids=[2, 4, 5], capture_indices=[3, 5, 6]))
 
 
 def test_batch_of_several_requests_with_padding_and_foreign_rids(tmp_path: Path) -> None:
@@ -36,7 +36,7 @@ def test_batch_of_several_requests_with_padding_and_foreign_rids(tmp_path: Path)
     dump = read_dump(tmp_path / b)
     assert dump.input_ids.tolist() == [5, 6, 7]
     assert torch.equal(dump.final_hidden_state, final[5:8]) and torch.equal(dump.aux_hidden_states, aux[5:8])
-    assert dump.meta["layer_ids"] == [2, 4, 5] and dump.meta["num_tokens"] == 3
+    assert dump.meta.source.layer_ids == [2, 4, 5] and dump.meta.num_tokens == 3
     sink.close()
 
 
@@ -63,7 +63,7 @@ def test_prompt_split_over_chunks_in_different_batches(tmp_path: Path) -> None:
         and torch.equal(dump.aux_hidden_states, aux)
         and torch.equal(dump.final_hidden_state, final)
     )
-    assert dump.meta["extend_passes"] == 2
+    assert dump.meta.extend_passes == 2
     sink.close()
 
 

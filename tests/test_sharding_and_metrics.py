@@ -14,7 +14,7 @@ from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.run import Extraction
 from hsextract.extract.verify import verify_output
 
-from .conftest import free_port, run_extraction
+from .helpers import free_port, run_extraction
 
 
 def test_shards_partition_the_rows(model_dir, start_server, tmp_path: Path) -> None:

@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hsextract.contract import defaults
+from hsextract.contract.layers import DEFAULT_AUX_LAYERS_TEXT
 from hsextract.contract.rids import check_prefix
 from hsextract.errors import ConfigError
 
@@ -25,14 +27,21 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _valid_prefix(value: str) -> str:
+    try:
+        return check_prefix(value)
+    except ConfigError as exc:  # pydantic reports ValueErrors as validation errors
+        raise ValueError(str(exc)) from None
+
+
 #: a rid prefix: 1-32 letters or digits (it becomes part of a path)
-RidPrefix = Annotated[str, AfterValidator(check_prefix)]
+RidPrefix = Annotated[str, AfterValidator(_valid_prefix)]
 
 
 class ExtractConfig(_Strict):
     """Options of ``hsextract extract``."""
 
-    server: str = Field("http://127.0.0.1:30000", description="base URL of the SGLang or embedded server")
+    server: str = Field(f"http://127.0.0.1:{defaults.SERVER_PORT}", description="base URL of the SGLang or embedded server")
     dataset: Path = Field(description="tokenized dataset: .jsonl, .parquet, or a datasets.save_to_disk directory")
     output: Path = Field(description="output directory (created; a rerun resumes into it)")
     dump_dir: Path | None = Field(
@@ -40,7 +49,11 @@ class ExtractConfig(_Strict):
     )
     format: Literal["specforge", "speculators"] = Field("specforge", description="output layout")
     layer_ids: list[int] | None = Field(
-        None, description="aux layer ids, 0-based outputs (default: the server's, else [2, N//2, N-3])"
+        None, description=f"aux layer ids, 0-based outputs (default: the server's, else the {DEFAULT_AUX_LAYERS_TEXT})"
+    )
+    architecture: Literal["auto", "deepseek", "llama", "qwen2"] = Field(
+        "auto",
+        description="model family, for the SGLang draft-config value that serves these layers (auto: from config.json)",
     )
     max_seq_len: int = Field(4096, gt=0, description="longer prompts are truncated to this many tokens and counted")
     concurrency: int = Field(8, gt=0, le=1024, description="requests in flight at once")
@@ -49,7 +62,7 @@ class ExtractConfig(_Strict):
     shard_index: int = Field(0, ge=0, description="this node's slice: rows with row %% num_shards == shard_index")
     num_shards: int = Field(1, gt=0, description="number of slices the dataset is split into")
     vocab_size: int | None = Field(None, gt=0, description="override the vocabulary size used to reject bad ids")
-    rid_prefix: RidPrefix = Field("hsx", description="prefix of the request ids the server dumps")
+    rid_prefix: RidPrefix = Field(defaults.RID_PREFIX, description="prefix of the request ids the server dumps")
     shm_high_water: float = Field(
         0.85, gt=0, le=1, description="stop submitting while the dump filesystem is fuller than this fraction"
     )
@@ -84,15 +97,17 @@ class ServeConfig(_Strict):
     model: Path = Field(description="a transformers save_pretrained directory")
     dump_dir: Path = Field(description="dump root (put it on tmpfs, e.g. /dev/shm/hsextract)")
     host: str = Field("127.0.0.1", description="address to listen on")
-    port: int = Field(30000, ge=1, le=65535, description="port to listen on")
+    port: int = Field(defaults.SERVER_PORT, ge=1, le=65535, description="port to listen on")
     device: Literal["cpu", "cuda"] = Field("cpu", description="where the model runs")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="model dtype (auto: the model's)")
-    layer_ids: list[int] | None = Field(None, description="aux layer ids, 0-based outputs (default [2, N//2, N-3])")
+    layer_ids: list[int] | None = Field(
+        None, description=f"aux layer ids, 0-based outputs (default: the {DEFAULT_AUX_LAYERS_TEXT})"
+    )
     chunked_prefill_size: int = Field(
         2048, description="prompts longer than this are prefilled in chunks on the KV cache (-1: never)"
     )
     max_batch_tokens: int = Field(8192, gt=0, description="token budget of one batched forward (padded)")
-    rid_prefix: RidPrefix = Field("hsx", description="only rids <prefix>-<row>-n<tokens> are dumped")
+    rid_prefix: RidPrefix = Field(defaults.RID_PREFIX, description="only rids <prefix>-<row>-n<tokens> are dumped")
     dump_queue_size: int = Field(8, gt=0, description="extend batches waiting for the dump writer before forwards block")
 
     @field_validator("chunked_prefill_size")
@@ -106,7 +121,7 @@ class ServeConfig(_Strict):
 class SGLangLaunchConfig(_Strict):
     """Options of ``hsextract launch-sglang`` (the YAML the Ansible role renders)."""
 
-    python: str = Field("/opt/ml-env/bin/python", description="absolute path of the ml-env interpreter that has sglang")
+    python: str = Field(defaults.ML_ENV_PYTHON, description="absolute path of the ml-env interpreter that has sglang")
     model_path: str = Field(description="model directory as the server sees it")
     architecture: Literal["auto", "deepseek", "llama", "qwen2"] = Field(
         "auto", description="how SGLang numbers aux layers for this model (auto: from config.json)"
@@ -116,13 +131,15 @@ class SGLangLaunchConfig(_Strict):
     dp_size: int = Field(1, gt=0, description="data parallel size (with enable_dp_attention: attention DP groups)")
     enable_dp_attention: bool = Field(False, description="attention data parallelism")
     host: str = Field("127.0.0.1", description="address the server listens on")
-    port: int = Field(30000, ge=1, le=65535, description="port the server listens on")
+    port: int = Field(defaults.SERVER_PORT, ge=1, le=65535, description="port the server listens on")
     mem_fraction_static: float | None = Field(None, gt=0, lt=1, description="SGLang's static memory fraction")
     chunked_prefill_size: int = Field(8192, description="tokens per extend pass (-1: no chunking); the hook assembles chunks")
     disable_radix_cache: bool = Field(True, description="must stay true: a cached prefix is never recomputed nor dumped")
-    dump_dir: str = Field("/dev/shm/hsextract", description="dump root (tmpfs) the extractor reads")
-    rid_prefix: RidPrefix = Field("hsx", description="only rids <prefix>-<row>-n<tokens> are dumped")
-    layer_ids: list[int] | None = Field(None, description="aux layer ids, 0-based outputs (default [2, N//2, N-3])")
+    dump_dir: str = Field(defaults.DUMP_DIR, description="dump root (tmpfs) the extractor reads")
+    rid_prefix: RidPrefix = Field(defaults.RID_PREFIX, description="only rids <prefix>-<row>-n<tokens> are dumped")
+    layer_ids: list[int] | None = Field(
+        None, description=f"aux layer ids, 0-based outputs (default: the {DEFAULT_AUX_LAYERS_TEXT})"
+    )
     final_prenorm: bool = Field(False, description="also dump the final layer's pre-norm output (speculators format)")
     disable_custom_all_reduce: bool = Field(
         False,

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ..conftest import free_port
+from ..helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 MONITORING = REPO / "monitoring"

@@ -23,7 +23,7 @@ import yaml
 
 from hsextract.dev.sample_data import make_sample_data
 
-from ..conftest import free_port
+from ..helpers import free_port
 from .conftest import RULES, Prometheus, dashboard_queries, is_sglang_only, substitute
 
 ROWS = 400  # far more than the test waits for: the run must still be going while the queries are checked

@@ -21,10 +21,11 @@ import pytest
 import yaml
 
 from hsextract.capture.embedded import EmbeddedServer, Engine
+from hsextract.config import ServeConfig
 from hsextract.dev.sample_data import make_sample_data
 from hsextract.ops import status as ops_status
 
-from ..conftest import free_port, run_extraction
+from ..helpers import free_port, run_extraction
 from .conftest import REPO, SSHServer
 
 ROWS = 8
@@ -44,7 +45,7 @@ def live_host(model_dir: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
     """A real embedded server, and a real extraction that finished and still serves its /metrics."""
     work = tmp_path_factory.mktemp("status")
     dump_dir = Path(f"/dev/shm/hsx-status-test-{os.getpid()}")
-    engine = Engine(model_dir(), dump_dir)
+    engine = Engine(ServeConfig(model=model_dir(), dump_dir=dump_dir))
     server = EmbeddedServer(engine, "127.0.0.1", 0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     dataset = make_sample_data(work / "data.jsonl", ROWS, vocab_size=1024, seed=1)

@@ -149,3 +149,8 @@ def served(published_server_args: None, tmp_path: Path) -> Iterator[Any]:
         if dumper is not None:
             dumper.sink.flush()
             dumper.sink.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.sglang)

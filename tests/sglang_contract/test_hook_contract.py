@@ -46,8 +46,8 @@ def test_several_requests_padding_and_foreign_rids_packed_aux(served, tmp_path: 
         assert torch.equal(dump.input_ids, batch.input_ids[start : start + n])
         assert torch.equal(dump.final_hidden_state, hidden[start : start + n])
         assert torch.equal(dump.aux_hidden_states, aux[start : start + n].view(n, K, H))
-        assert dump.meta["layer_ids"] == LAYERS and dump.meta["capture_indices"] == [3, 5, 6]
-        assert dump.meta["engine"] == "sglang" and dump.meta["engine_version"] == "0.5.23"
+        assert dump.meta.source.layer_ids == LAYERS and dump.meta.source.capture_indices == [3, 5, 6]
+        assert dump.meta.source.engine == "sglang" and dump.meta.source.engine_version == "0.5.23"
 
 
 def test_prompt_split_over_two_chunks_in_different_batches_list_aux(served, tmp_path: Path) -> None:
@@ -68,7 +68,7 @@ def test_prompt_split_over_two_chunks_in_different_batches_list_aux(served, tmp_
     assert torch.equal(dump.final_hidden_state, torch.cat([hidden1, hidden2[2:5]]))
     for k in range(K):
         assert torch.equal(dump.aux_hidden_states[:, k], torch.cat([aux1[k], aux2[k][2:5]]))
-    assert dump.meta["extend_passes"] == 2
+    assert dump.meta.extend_passes == 2
     assert read_dump(tmp_path / "dumps" / other).input_ids.shape == (2,)
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from hsextract.contract.dumps import write_dump, write_error_marker
+from hsextract.contract.dumps import DumpSource, write_dump, write_error_marker
 from hsextract.contract.rids import DEFAULT_PREFIX, parse_rid
 
 log = logging.getLogger(__name__)
@@ -72,19 +72,18 @@ class DumpSink:
     def __init__(
         self,
         root: Path,
-        meta: dict[str, Any],
+        source: DumpSource,
         rid_prefix: str = DEFAULT_PREFIX,
         queue_size: int = 8,
         stale_after_s: float = 3600.0,
     ) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.meta = dict(meta)
+        self.source = source
         self.rid_prefix = rid_prefix
         self.stale_after_s = stale_after_s
         self._queue: queue.Queue[ExtendBatch | None] = queue.Queue(maxsize=queue_size)
         self._pending: dict[str, _Pending] = {}
-        self.dumps_written = 0
         self.dumps_failed = 0
         self._thread = threading.Thread(target=self._run, name="hsextract-dump-writer", daemon=True)
         self._thread.start()
@@ -186,8 +185,7 @@ class DumpSink:
         chunks: int,
     ) -> None:
         try:
-            write_dump(self.root, rid, input_ids, aux, final, {**self.meta, "extend_passes": chunks}, final_prenorm)
-            self.dumps_written += 1
+            write_dump(self.root, rid, input_ids, aux, final, self.source, final_prenorm, extend_passes=chunks)
         except Exception as exc:  # disk full, permissions: report through the marker, keep serving
             log.error("writing dump %s failed: %s", rid, exc)
             self._fail(rid, f"writing the dump failed: {exc}")

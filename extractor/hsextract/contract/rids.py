@@ -10,7 +10,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-DEFAULT_PREFIX = "hsx"
+from hsextract.contract.defaults import RID_PREFIX
+from hsextract.errors import BadSampleError, ConfigError
+
+DEFAULT_PREFIX = RID_PREFIX
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9]{1,32}$")
 MAX_ROW = 999_999_999
 
@@ -27,16 +30,16 @@ class Rid:
 
 def check_prefix(prefix: str) -> str:
     if not _PREFIX_RE.match(prefix):
-        raise ValueError(f"rid prefix {prefix!r} must be 1-32 letters or digits")
+        raise ConfigError(f"rid prefix {prefix!r} must be 1-32 letters or digits; choose another rid_prefix")
     return prefix
 
 
 def make_rid(row: int, num_tokens: int, prefix: str = DEFAULT_PREFIX) -> str:
     check_prefix(prefix)
     if not 0 <= row <= MAX_ROW:
-        raise ValueError(f"row {row} does not fit the 9-digit rid field")
+        raise BadSampleError("row_out_of_range", f"row {row} does not fit the 9-digit rid field (0..{MAX_ROW})")
     if num_tokens <= 0:
-        raise ValueError(f"num_tokens must be positive, got {num_tokens}")
+        raise BadSampleError("empty", f"num_tokens must be positive, got {num_tokens}")
     return str(Rid(prefix, row, num_tokens))
 
 

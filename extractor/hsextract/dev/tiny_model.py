@@ -8,12 +8,24 @@ from typing import Any
 
 import torch
 
+from hsextract.contract.layers import default_aux_layer_ids
 from hsextract.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 ARCHITECTURES = ("deepseek_v3", "llama", "qwen2")
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+def min_layers() -> int:
+    """The fewest layers whose default aux layers are three distinct layers below the last."""
+    for num_layers in range(1, 64):
+        try:
+            default_aux_layer_ids(num_layers)
+        except ConfigError:
+            continue
+        return num_layers
+    raise AssertionError("no layer count up to 63 has default aux layers")
 
 
 def _config(arch: str, layers: int, hidden: int, vocab_size: int) -> object:
@@ -70,8 +82,10 @@ def make_tiny_model(
 
     if dtype not in DTYPES:
         raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    if layers < 6:
-        raise ConfigError(f"--layers {layers} is too few: the default aux layers [2, N//2, N-3] need N >= 6")
+    try:
+        default_aux_layer_ids(layers)  # serve uses the default layers: refuse a model it would refuse
+    except ConfigError as exc:
+        raise ConfigError(f"--layers {layers} is too few: {exc}; choose --layers {min_layers()} or more") from None
     if hidden < 32 or hidden % 32:
         raise ConfigError(f"--hidden {hidden} must be a positive multiple of 32")
     config = _config(arch, layers, hidden, vocab_size)

@@ -5,69 +5,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from hsextract.contract.model_config import read_model_config
-from hsextract.errors import BadSampleError, ServerError
+from hsextract.contract.server_info import ServerInfo
+from hsextract.errors import BadSampleError, ServerError, TransientServerError
 
 log = logging.getLogger(__name__)
-
-
-class TransientServerError(ServerError):
-    """A failure worth retrying: connection refused or reset, timeout, HTTP 5xx."""
-
-
-@dataclass(frozen=True)
-class ServerIdentity:
-    """What the server serves, from /server_info (plus the model's config.json when readable)."""
-
-    model_path: str
-    num_layers: int
-    hidden_size: int
-    vocab_size: int
-    dtype: str | None
-    layer_ids: list[int] | None  # aux, 0-based; None when the server does not say
-    dump_dir: str | None
-    engine: str
-    provides_final_prenorm: bool | None
-
-
-def parse_identity(info: dict[str, Any], vocab_override: int | None = None) -> ServerIdentity:
-    model_path = str(info.get("model_path", ""))
-    config = read_model_config(model_path) if model_path else {}
-
-    def pick(*names: str) -> Any:
-        for name in names:
-            if info.get(name) is not None:
-                return info[name]
-            if config.get(name) is not None:
-                return config[name]
-        return None
-
-    num_layers, hidden, vocab = pick("num_hidden_layers"), pick("hidden_size"), pick("vocab_size")
-    vocab = vocab_override or vocab
-    missing = [n for n, v in (("num_hidden_layers", num_layers), ("hidden_size", hidden), ("vocab_size", vocab)) if v is None]
-    if missing:
-        raise ServerError(
-            f"the server's /server_info does not give {missing} and the model's config.json at "
-            f"{model_path or '(no model_path)'} is not readable from here; mount the model at the same path "
-            "or set vocab_size in the extractor config"
-        )
-    dtype = info.get("dtype") or config.get("dtype") or config.get("torch_dtype")
-    return ServerIdentity(
-        model_path=model_path,
-        num_layers=int(num_layers),
-        hidden_size=int(hidden),
-        vocab_size=int(vocab),
-        dtype=None if dtype in (None, "auto") else str(dtype),
-        layer_ids=info.get("layer_ids"),
-        dump_dir=info.get("dump_dir"),
-        engine=str(info.get("engine", "sglang")),
-        provides_final_prenorm=info.get("provides_final_prenorm"),
-    )
 
 
 class ServerClient:
@@ -110,7 +56,13 @@ class ServerClient:
         except httpx.HTTPError:
             return False
 
-    def server_info(self) -> dict[str, Any]:
+    def server_info(self, vocab_override: int | None = None) -> ServerInfo:
+        """The server's identity, completed from the model's config.json where readable."""
+        info = self._server_info_json()
+        model_path = str(info.get("model_path", ""))
+        return ServerInfo.parse(info, read_model_config(model_path) if model_path else {}, vocab_override)
+
+    def _server_info_json(self) -> dict[str, Any]:
         for path in ("/server_info", "/get_server_info"):
             try:
                 response = self._http.get(path, timeout=30.0)

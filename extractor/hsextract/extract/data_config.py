@@ -1,4 +1,4 @@
-"""``<out>/data_config.json``: what the output holds and how it was made (DESIGN section 6)."""
+"""``<out>/data_config.json``: what the output holds and how it was made (docs/design-notes.md, "Output")."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING, Any
 from hsextract import __version__
 from hsextract.contract.atomic import atomic_write_bytes
 from hsextract.contract.layers import capture_indices, recorded_layer_ids
+from hsextract.contract.states import ErrorKind, RunStatus
+from hsextract.extract.serving_hints import SGLangServing, trainer_settings
 
 if TYPE_CHECKING:
     from hsextract.config import ExtractConfig
-    from hsextract.extract.client import ServerIdentity
+    from hsextract.contract.server_info import ServerInfo
     from hsextract.extract.formats import OutputFormat
     from hsextract.extract.manifest import Manifest
 
@@ -43,17 +45,24 @@ def _now() -> str:
 
 def build_data_config(
     config: ExtractConfig,
-    identity: ServerIdentity,
+    identity: ServerInfo,
     aux_layer_ids: list[int],
     fmt: OutputFormat,
     manifest: Manifest,
     rows_in_shard: int,
-    status: str,
+    status: RunStatus,
+    serving: SGLangServing,
+    computed_dtype: str | None,
 ) -> dict[str, Any]:
     written = manifest.written.values()
     truncated = [s for s in written if s.truncated]
     errors = list(manifest.errors.values())
     previous = read_data_config(config.output) or {}
+    longest = max((s.num_tokens for s in written), default=0)
+    stored_dtype = fmt.stored_dtype or computed_dtype
+    conversion = None
+    if computed_dtype is not None and stored_dtype != computed_dtype:
+        conversion = f"{computed_dtype} -> {stored_dtype} at packing (format {fmt.name}: its trainer runs in {stored_dtype})"
     return {
         "extraction_method": f"hsextract dump hook ({identity.engine})",
         "format": fmt.name,
@@ -69,21 +78,30 @@ def build_data_config(
         "num_hidden_layers": identity.num_layers,
         "hidden_size": identity.hidden_size,
         "vocab_size": identity.vocab_size,
-        "dtype": identity.dtype,
+        "dtype": stored_dtype,
+        "computed_dtype": computed_dtype,
+        "dtype_conversion": conversion,
         "max_seq_len": config.max_seq_len,
         "total_samples": len(manifest.written),
         "total_tokens": sum(s.num_tokens for s in written),
         "total_bytes": sum(s.bytes for s in written),
         "truncated_samples": len(truncated),
         "truncated_tokens": sum(s.original_length - s.num_tokens for s in truncated),
-        "bad_input_samples": sum(1 for e in errors if e.kind == "bad_input"),
-        "failed_samples": sum(1 for e in errors if e.kind == "failed"),
+        "longest_sample_tokens": longest,
+        "bad_input_samples": sum(1 for e in errors if e.kind is ErrorKind.BAD_INPUT),
+        "failed_samples": sum(1 for e in errors if e.kind is ErrorKind.FAILED),
         "error_counts": dict(sorted(Counter(e.reason for e in errors).items())),
         "rows_in_shard": rows_in_shard,
         "shard_index": config.shard_index,
         "num_shards": config.num_shards,
-        "status": status,
-        "model": {"path": identity.model_path, "num_hidden_layers": identity.num_layers},
+        "status": status.value,
+        "model": {
+            "path": identity.model_path,
+            "num_hidden_layers": identity.num_layers,
+            "family": None if serving.family is None else serving.family.value,
+        },
+        "serving": serving.to_json(),
+        "trainer": trainer_settings(fmt.name, serving, longest),
         "engine": identity.engine,
         "dataset": str(Path(config.dataset).resolve()),
         "extractor_version": __version__,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from hsextract.contract.dumps import Dump
-from hsextract.errors import DumpError
+from hsextract.errors import DumpError, LayerMismatchError
 
 
 @dataclass(frozen=True)
@@ -19,14 +19,10 @@ class DumpExpectation:
     need_final_prenorm: bool
 
 
-class LayerMismatchError(DumpError):
-    """The server captures other layers than configured: every further dump would be wrong too."""
-
-
 def check_dump(dump: Dump, sent_ids: list[int], expect: DumpExpectation) -> None:
     tokens = len(sent_ids)
-    meta_layers = dump.meta.get("layer_ids")
-    meta_capture = dump.meta.get("capture_indices")
+    meta_layers = dump.meta.source.layer_ids
+    meta_capture = dump.meta.source.capture_indices
     if meta_layers != expect.aux_layer_ids or meta_capture != expect.capture_indices:
         raise LayerMismatchError(
             "layer_mismatch",

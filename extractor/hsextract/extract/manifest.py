@@ -16,11 +16,12 @@ import json
 import logging
 import os
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from hsextract.contract.atomic import temp_path
+from hsextract.contract.states import ErrorKind
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class WrittenSample:
 @dataclass(frozen=True)
 class ErrorRecord:
     row: int
-    kind: str  # "bad_input" (skipped for good) or "failed" (retried by the next run)
+    kind: ErrorKind
     reason: str
     message: str
 
@@ -88,8 +89,13 @@ class Manifest:
             if (self.root / sample.file).exists():
                 self.written[sample.row] = sample
         for record in _read_jsonl(self.root / ERRORS_FILE):
-            error = ErrorRecord(**{k: record[k] for k in ErrorRecord.__dataclass_fields__})
-            if error.kind == "bad_input" and error.row not in self.written:
+            try:
+                error = ErrorRecord(**{k: record[k] for k in ErrorRecord.__dataclass_fields__})
+                error = replace(error, kind=ErrorKind(error.kind))
+            except (KeyError, ValueError):
+                log.warning("%s holds a record that is not an error of this version: %s", ERRORS_FILE, record)
+                continue
+            if error.kind is ErrorKind.BAD_INPUT and error.row not in self.written:
                 self.errors[error.row] = error  # failed rows are forgotten: this run retries them
         self._samples_handle = open(self.root / SAMPLES_FILE, "a")  # noqa: SIM115 - open for the whole run, closed in close()
         self._errors_handle = open(self.root / ERRORS_FILE, "a")  # noqa: SIM115 - as above

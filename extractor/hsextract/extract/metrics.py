@@ -1,4 +1,4 @@
-"""Prometheus metrics of an extraction run (prefix ``hsextract_``, DESIGN section 7)."""
+"""Prometheus metrics of an extraction run (prefix ``hsextract_``; the list is in the README, "Metrics")."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from hsextract.contract.atomic import is_temp_name
+from hsextract.contract.states import RunStatus
 from hsextract.errors import OutputError
 from hsextract.extract.data_config import read_data_config
 from hsextract.extract.formats import open_format
@@ -101,7 +102,7 @@ def verify_output(output: Path, on_sample: Callable[[], None] | None = None) -> 
     overlap = rows_seen & {e["row"] for e in errors}
     if overlap:
         problem(f"rows both written and in errors.jsonl: {sorted(overlap)[:10]}")
-    if config.get("status") != "complete":
+    if config.get("status") != RunStatus.COMPLETE:
         problem(f"the run's status is {config.get('status')!r}, not 'complete'; rerun the extraction to finish it")
     strays = [p for p in output.rglob(".*") if is_temp_name(p.name)]
     if strays:

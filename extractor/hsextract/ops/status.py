@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from hsextract.contract import defaults
 from hsextract.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,8 @@ class Target:
     port: int | None = None
     key_filename: str | None = None
     become: bool = False
-    server_port: int = 30000
-    metrics_port: int = 9400
+    server_port: int = defaults.SERVER_PORT
+    metrics_port: int = defaults.METRICS_PORT
     output_dir: str = "work/output"
     dump_dir: str = "/dev/shm/hsextract-default"
 
@@ -335,8 +336,8 @@ def targets_from_inventory_json(data: dict[str, Any], group: str = GROUP) -> lis
                 port=int(hv["ansible_port"]) if hv.get("ansible_port") else None,
                 key_filename=str(Path(key).expanduser()) if key else None,
                 become=bool(hv.get("ansible_become", False)),
-                server_port=int(hv.get("hsx_server_port", 30000)),
-                metrics_port=int(hv.get("hsx_metrics_port", 9400)),
+                server_port=int(hv.get("hsx_server_port", defaults.SERVER_PORT)),
+                metrics_port=int(hv.get("hsx_metrics_port", defaults.METRICS_PORT)),
                 output_dir=str(hv.get("hsx_output_dir", "/")),
                 dump_dir=str(hv.get("hsx_dump_dir", "/dev/shm")),
             )
@@ -417,8 +418,15 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--ansible-inventory", help="the ansible-inventory program (default: found next to python or on PATH)")
     local = parser.add_argument_group("this machine (no --inventory)")
-    local.add_argument("--server-port", type=int, default=30000, help="server port (default: 30000)")
-    local.add_argument("--metrics-port", type=int, default=9400, help="extractor metrics port (default: 9400)")
+    local.add_argument(
+        "--server-port", type=int, default=defaults.SERVER_PORT, help=f"server port (default: {defaults.SERVER_PORT})"
+    )
+    local.add_argument(
+        "--metrics-port",
+        type=int,
+        default=defaults.METRICS_PORT,
+        help=f"extractor metrics port (default: {defaults.METRICS_PORT})",
+    )
     local.add_argument("--output-dir", default="work/output", help="output directory (default: work/output)")
     local.add_argument("--dump-dir", default="/dev/shm/hsextract-default", help="dump root (default: the default run's)")
 

@@ -22,11 +22,15 @@ import torch
 
 from hsextract import __version__
 from hsextract.capture.dump_sink import DumpSink, ExtendBatch, Segment
+from hsextract.config import ServeConfig
+from hsextract.contract.dumps import DumpSource
 from hsextract.contract.layers import capture_indices, resolve_aux_layer_ids
+from hsextract.contract.server_info import ServerInfo
 from hsextract.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
+ENGINE_NAME = "hsextract-embedded"
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -43,24 +47,13 @@ class EngineRequest:
 class Engine:
     """Owns the model, the scheduler thread and the dump sink."""
 
-    def __init__(
-        self,
-        model_path: Path,
-        dump_dir: Path,
-        device: str = "cpu",
-        dtype: str = "auto",
-        layer_ids: list[int] | None = None,
-        chunked_prefill_size: int = 2048,
-        max_batch_tokens: int = 8192,
-        rid_prefix: str = "hsx",
-        dump_queue_size: int = 8,
-        dump: bool = True,
-    ) -> None:
+    def __init__(self, config: ServeConfig, dump: bool = True) -> None:
         import transformers
 
-        self.model_path = Path(model_path)
+        self.model_path = Path(config.model)
         if not (self.model_path / "config.json").exists():
             raise ConfigError(f"model {self.model_path} has no config.json; pass a save_pretrained directory")
+        device, dtype = config.device, config.dtype
         if device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("device cuda asked for but torch sees no GPU; use --device cpu")
         kwargs: dict[str, Any] = {} if dtype == "auto" else {"dtype": _DTYPES[dtype]}
@@ -74,12 +67,12 @@ class Engine:
         self.vocab_size = int(self.config.vocab_size)
         self.dtype = self.model.dtype
         self.device = torch.device(device)
-        self.aux_layer_ids = resolve_aux_layer_ids(layer_ids, self.num_layers)
+        self.aux_layer_ids = resolve_aux_layer_ids(config.layer_ids, self.num_layers)
         self.capture = capture_indices(self.aux_layer_ids)
-        self.chunk_size = chunked_prefill_size if chunked_prefill_size > 0 else None
-        self.max_batch_tokens = max_batch_tokens
-        self.rid_prefix = rid_prefix
-        self.dump_dir = Path(dump_dir)
+        self.chunk_size = config.chunked_prefill_size if config.chunked_prefill_size > 0 else None
+        self.max_batch_tokens = config.max_batch_tokens
+        self.rid_prefix = config.rid_prefix
+        self.dump_dir = Path(config.dump_dir)
         params = inspect.signature(self.base.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         # The last layer's output before the final norm: the input of the norm module.
@@ -87,55 +80,65 @@ class Engine:
         self.base.norm.register_forward_hook(self._grab_prenorm)
         self.sink: DumpSink | None = None
         if dump:
-            self.sink = DumpSink(self.dump_dir, self._dump_meta(), rid_prefix=rid_prefix, queue_size=dump_queue_size)
+            self.sink = DumpSink(
+                self.dump_dir, self._dump_source(), rid_prefix=self.rid_prefix, queue_size=config.dump_queue_size
+            )
         self._inbox: queue.Queue[EngineRequest | None] = queue.Queue()
         self._waiting: deque[EngineRequest] = deque()
         self._chunking: deque[EngineRequest] = deque()
         self._stop = threading.Event()
         self.forward_seconds = 0.0
         self.forward_tokens = 0
-        self.last_error: str | None = None
         self._thread = threading.Thread(target=self._loop, name="hsextract-scheduler", daemon=True)
         self._thread.start()
 
     def _grab_prenorm(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
         self._prenorm = args[0]
 
-    def _dump_meta(self) -> dict[str, Any]:
-        return {
-            "layer_ids": self.aux_layer_ids,
-            "capture_indices": self.capture,
-            "final_layer_id": self.num_layers - 1,
-            "final_norm_applied": True,
-            "provides_final_prenorm": True,
-            "engine": "hsextract-embedded",
-            "engine_version": __version__,
-            "model_path": str(self.model_path),
-            "writer_rank": 0,
-        }
+    def _dump_source(self) -> DumpSource:
+        return DumpSource(
+            engine=ENGINE_NAME,
+            engine_version=__version__,
+            model_path=str(self.model_path),
+            layer_ids=self.aux_layer_ids,
+            capture_indices=self.capture,
+            final_layer_id=self.num_layers - 1,
+            final_norm_applied=True,
+            provides_final_prenorm=True,
+        )
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> ServerInfo:
+        return ServerInfo(
+            model_path=str(self.model_path),
+            num_layers=self.num_layers,
+            hidden_size=self.hidden_size,
+            vocab_size=self.vocab_size,
+            dtype=str(self.dtype).removeprefix("torch."),
+            layer_ids=self.aux_layer_ids,
+            dump_dir=str(self.dump_dir),
+            engine=ENGINE_NAME,
+            provides_final_prenorm=True,
+            engine_version=__version__,
+            rid_prefix=self.rid_prefix,
+        )
+
+    def info_json(self) -> dict[str, Any]:
+        """``/server_info``: :class:`ServerInfo` plus what helps a person reading it."""
         return {
-            "engine": "hsextract-embedded",
-            "engine_version": __version__,
-            "model_path": str(self.model_path),
-            "architecture": (self.config.architectures or [type(self.model).__name__])[0],
+            **self.info().to_json(),
+            "architecture": self.architecture,
             "model_type": self.config.model_type,
-            "num_hidden_layers": self.num_layers,
-            "hidden_size": self.hidden_size,
-            "vocab_size": self.vocab_size,
-            "dtype": str(self.dtype).removeprefix("torch."),
             "device": str(self.device),
-            "layer_ids": self.aux_layer_ids,
             "capture_indices": self.capture,
             "final_norm_applied": True,
-            "provides_final_prenorm": True,
             "chunked_prefill_size": self.chunk_size or -1,
             "max_batch_tokens": self.max_batch_tokens,
-            "dump_dir": str(self.dump_dir),
-            "rid_prefix": self.rid_prefix,
             "disable_radix_cache": True,
         }
+
+    @property
+    def architecture(self) -> str:
+        return str((self.config.architectures or [type(self.model).__name__])[0])
 
     # -- API --------------------------------------------------------------------------------------
     def submit(self, rid: str, input_ids: list[int]) -> Future[dict[str, Any]]:
@@ -159,9 +162,8 @@ class Engine:
                 break
             try:
                 self._step()
-            except Exception as exc:  # a failed forward fails its requests, not the server
+            except Exception:  # a failed forward fails its requests, not the server
                 log.exception("forward failed")
-                self.last_error = str(exc)
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -206,7 +208,6 @@ class Engine:
             run(requests)
         except Exception as exc:
             log.exception("forward of %s failed", [r.rid for r in requests])
-            self.last_error = f"{type(exc).__name__}: {exc}"
             for request in requests:
                 if not request.future.done():
                     request.future.set_exception(exc)

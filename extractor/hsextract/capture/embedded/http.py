@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 import uuid
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -18,15 +17,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from hsextract.capture.embedded.engine import Engine
+from hsextract.errors import BadRequestError
 
 log = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT_S = 20.0
 GENERATE_TIMEOUT_S = 3600.0
-
-
-class _BadRequest(Exception):
-    pass
 
 
 class EmbeddedServer:
@@ -45,11 +41,6 @@ class EmbeddedServer:
 
     def serve_forever(self) -> None:
         self.httpd.serve_forever(poll_interval=0.2)
-
-    def start_background(self) -> threading.Thread:
-        thread = threading.Thread(target=self.serve_forever, name="hsextract-http", daemon=True)
-        thread.start()
-        return thread
 
     def shutdown(self) -> None:
         self.httpd.shutdown()
@@ -80,7 +71,7 @@ class _Handler(BaseHTTPRequestHandler):
         if path in ("/health", "/health_generate"):
             self._health()
         elif path in ("/server_info", "/get_server_info"):
-            self._send(200, self.engine.info())
+            self._send(200, self.engine.info_json())
         elif path == "/get_model_info":
             self._send(200, {"model_path": str(self.engine.model_path), "is_generation": True})
         else:
@@ -95,7 +86,7 @@ class _Handler(BaseHTTPRequestHandler):
             length = int(self.headers.get("Content-Length", "0"))
             body = json.loads(self.rfile.read(length) or b"null")
             rid, input_ids = self._parse_generate(body)
-        except (ValueError, _BadRequest) as exc:
+        except (ValueError, BadRequestError) as exc:
             self._error(400, str(exc))
             return
         future = self.engine.submit(rid, input_ids)
@@ -108,23 +99,23 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _parse_generate(self, body: Any) -> tuple[str, list[int]]:
         if not isinstance(body, dict):
-            raise _BadRequest("request body must be a JSON object")
+            raise BadRequestError("not_an_object", "request body must be a JSON object")
         ids = body.get("input_ids")
         if not isinstance(ids, list) or not ids:
-            raise _BadRequest("input_ids must be a non-empty list of token ids (this server takes no text)")
+            raise BadRequestError("no_input_ids", "input_ids must be a non-empty list of token ids (this server takes no text)")
         if any(type(i) is not int for i in ids):
-            raise _BadRequest("input_ids must hold integers only (one prompt per request)")
+            raise BadRequestError("non_integer_ids", "input_ids must hold integers only (one prompt per request)")
         vocab = self.engine.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
-            raise _BadRequest(f"input_ids must lie in [0, {vocab}): got {min(ids)}..{max(ids)}")
+            raise BadRequestError("out_of_vocab", f"input_ids must lie in [0, {vocab}): got {min(ids)}..{max(ids)}")
         params = body.get("sampling_params") or {}
         if not isinstance(params, dict) or params.get("max_new_tokens", 0) != 0:
-            raise _BadRequest("this server only prefills: set sampling_params.max_new_tokens to 0")
+            raise BadRequestError("decode_requested", "this server only prefills: set sampling_params.max_new_tokens to 0")
         rid = body.get("rid")
         if rid is None:
             rid = uuid.uuid4().hex
         if not isinstance(rid, str):
-            raise _BadRequest("rid must be a string")
+            raise BadRequestError("bad_rid", "rid must be a string")
         return rid, ids
 
     def _health(self) -> None:

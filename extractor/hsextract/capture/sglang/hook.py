@@ -33,12 +33,12 @@ from typing import Any
 
 import torch
 
-from hsextract import __version__
 from hsextract.capture.dump_sink import DumpSink, ExtendBatch, Segment
 from hsextract.capture.pinned import PinnedBuffer, PinnedPool
-from hsextract.contract.dumps import write_error_marker
+from hsextract.contract.dumps import DumpSource, write_error_marker
 from hsextract.contract.layers import capture_indices
 from hsextract.contract.rids import DEFAULT_PREFIX, check_prefix, parse_rid
+from hsextract.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +59,9 @@ class HookConfig:
         known = set(cls.__dataclass_fields__)
         unknown = set(raw) - known
         if unknown:
-            raise ValueError(f"hsextract hook config has unknown keys {sorted(unknown)}; known: {sorted(known)}")
+            raise ConfigError(f"hsextract hook config has unknown keys {sorted(unknown)}; known: {sorted(known)}")
         if not raw.get("dump_dir"):
-            raise ValueError("hsextract hook config needs dump_dir (the extractor's dump root, on tmpfs)")
+            raise ConfigError("hsextract hook config needs dump_dir (the extractor's dump root, on tmpfs)")
         layer_ids = raw.get("layer_ids")
         return cls(
             dump_dir=Path(raw["dump_dir"]),
@@ -92,18 +92,17 @@ class HiddenStateDumper:
 
     def __init__(self, config: HookConfig) -> None:
         self.config = config
-        meta: dict[str, Any] = {
-            "engine": "sglang",
-            "engine_version": _sglang_version(),
-            "hsextract_version": __version__,
-            "model_path": config.model_path,
-            "final_norm_applied": True,
-            "writer_rank": 0,
-        }
-        if config.layer_ids is not None:
-            meta["layer_ids"] = list(config.layer_ids)
-            meta["capture_indices"] = capture_indices(config.layer_ids)
-        self.sink = DumpSink(config.dump_dir, meta, rid_prefix=config.rid_prefix, queue_size=config.queue_size)
+        layer_ids = None if config.layer_ids is None else list(config.layer_ids)
+        source = DumpSource(
+            engine="sglang",
+            engine_version=_sglang_version(),
+            model_path=config.model_path,
+            layer_ids=layer_ids,
+            capture_indices=None if layer_ids is None else capture_indices(layer_ids),
+            final_norm_applied=True,
+            provides_final_prenorm=config.final_prenorm,
+        )
+        self.sink = DumpSink(config.dump_dir, source, rid_prefix=config.rid_prefix, queue_size=config.queue_size)
         self.pool = PinnedPool(slots=config.queue_size + 2, pin=torch.cuda.is_available())
         self._stream: Any = None
         self._prenorm: torch.Tensor | None = None

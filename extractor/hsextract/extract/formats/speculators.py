@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from hsextract.contract.atomic import temp_path
 from hsextract.contract.dumps import Dump
+from hsextract.errors import DumpError
 from hsextract.extract.dataset import Sample
 from hsextract.extract.formats.base import OutputFormat, StoredSample
 
@@ -35,7 +36,9 @@ class SpeculatorsFormat(OutputFormat):
 
     def write_sample(self, sample: Sample, dump: Dump) -> int:
         if dump.final_prenorm_hidden_state is None:
-            raise ValueError(f"dump {dump.rid} has no final_prenorm_hidden_state, which speculators needs")
+            raise DumpError(
+                "missing_final_prenorm", f"dump {dump.rid} has no final_prenorm_hidden_state, which speculators needs"
+            )
         stacked = torch.cat([dump.aux_hidden_states, dump.final_prenorm_hidden_state.unsqueeze(1)], dim=1)
         path = self.sample_path(sample.row)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,15 @@
+"""Defaults both sides and the deployment share. The Ansible role defaults repeat them
+(YAML cannot import Python); tests/unit/contract/test_defaults.py checks that they agree."""
+
+from __future__ import annotations
+
+#: request-id prefix the extractor sends and the server dumps
+RID_PREFIX = "hsx"
+#: the inference server's HTTP port (SGLang's default)
+SERVER_PORT = 30000
+#: the extractor's Prometheus metrics port
+METRICS_PORT = 9400
+#: dump root on tmpfs
+DUMP_DIR = "/dev/shm/hsextract"
+#: the ml-env interpreter that has sglang (every command uses it by absolute path)
+ML_ENV_PYTHON = "/opt/ml-env/bin/python"

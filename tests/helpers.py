@@ -1,0 +1,44 @@
+"""Helpers the package tests share: free ports, a real embedded server in-process, one extraction run."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from pathlib import Path
+
+from hsextract.capture.embedded import EmbeddedServer, Engine
+from hsextract.config import ExtractConfig, ServeConfig
+from hsextract.extract.metrics import ExtractMetrics
+from hsextract.extract.run import Extraction, RunSummary
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RunningServer:
+    """An embedded server on a free loopback port, its engine and its dump root."""
+
+    def __init__(self, engine: Engine, server: EmbeddedServer) -> None:
+        self.engine = engine
+        self.server = server
+        self.url = f"http://127.0.0.1:{server.port}"
+        self.dump_dir = engine.dump_dir
+
+    @classmethod
+    def start(cls, model: Path, dump_dir: Path, **engine_settings: object) -> RunningServer:
+        engine = Engine(ServeConfig(model=model, dump_dir=dump_dir, **engine_settings))  # type: ignore[arg-type]
+        server = EmbeddedServer(engine, "127.0.0.1", 0)
+        threading.Thread(target=server.serve_forever, name="test-http", daemon=True).start()
+        return cls(engine, server)
+
+    def stop(self) -> None:
+        self.server.shutdown()
+
+
+def run_extraction(server_url: str, dataset: Path, output: Path, **overrides: object) -> RunSummary:
+    settings: dict[str, object] = {"health_timeout_s": 30, **overrides}
+    config = ExtractConfig(server=server_url, dataset=dataset, output=output, **settings)  # type: ignore[arg-type]
+    return Extraction(config, metrics=ExtractMetrics()).run()

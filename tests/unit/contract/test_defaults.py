@@ -1,0 +1,38 @@
+"""One set of defaults: the package's and the Ansible roles' must agree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from hsextract.config import ExtractConfig, ServeConfig, SGLangLaunchConfig
+from hsextract.contract import defaults
+
+ROLES = Path(__file__).resolve().parents[3] / "roles"
+
+
+def role_defaults(role: str) -> dict[str, object]:
+    loaded = yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text())
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def test_configs_use_the_shared_defaults() -> None:
+    assert ExtractConfig.model_fields["server"].default == f"http://127.0.0.1:{defaults.SERVER_PORT}"
+    for model in (ExtractConfig, ServeConfig, SGLangLaunchConfig):
+        assert model.model_fields["rid_prefix"].default == defaults.RID_PREFIX
+    assert ServeConfig.model_fields["port"].default == SGLangLaunchConfig.model_fields["port"].default == defaults.SERVER_PORT
+    assert SGLangLaunchConfig.model_fields["python"].default == defaults.ML_ENV_PYTHON
+    assert SGLangLaunchConfig.model_fields["dump_dir"].default == defaults.DUMP_DIR
+
+
+def test_ansible_defaults_agree() -> None:
+    server, extractor = role_defaults("hsx_server"), role_defaults("hsx_extractor")
+    assert server["hsx_server_port"] == defaults.SERVER_PORT
+    assert server["hsx_server_dump_dir"] == extractor["hsx_extractor_dump_dir"] == defaults.DUMP_DIR
+    assert extractor["hsx_extractor_server_url"] == f"http://127.0.0.1:{defaults.SERVER_PORT}"
+    assert extractor["hsx_extractor_metrics_port"] == defaults.METRICS_PORT
+    for role in ("hsx_server", "hsx_extractor", "hsx_container_env", "hsx_sglang_runtime"):
+        ml_env = role_defaults(role)[f"{role}_ml_env"]
+        assert f"{ml_env}/bin/python" == defaults.ML_ENV_PYTHON, role

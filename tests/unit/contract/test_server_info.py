@@ -1,0 +1,33 @@
+"""/server_info: the embedded server's answer, and SGLang's completed by the model's config.json."""
+
+from __future__ import annotations
+
+import pytest
+
+from hsextract.contract.server_info import ServerInfo
+from hsextract.errors import ServerError
+
+
+def test_embedded_answer_round_trips() -> None:
+    info = ServerInfo("/m", 8, 64, 1024, "float32", [1, 3, 4], "/dev/shm/x", "hsextract-embedded", True, "0.1.0", "hsx")
+    assert ServerInfo.parse(info.to_json(), {}) == info
+
+
+def test_sglang_answer_is_completed_from_the_model_config() -> None:
+    sglang_info = {"model_path": "/models/kimi", "tp_size": 8}
+    config = {"num_hidden_layers": 61, "hidden_size": 7168, "vocab_size": 163840, "torch_dtype": "bfloat16"}
+    info = ServerInfo.parse(sglang_info, config)
+    assert (info.num_layers, info.hidden_size, info.vocab_size, info.dtype) == (61, 7168, 163840, "bfloat16")
+    assert info.engine == "sglang" and info.layer_ids is None and info.provides_final_prenorm is None
+
+
+def test_vocab_override_and_auto_dtype() -> None:
+    info = ServerInfo.parse(
+        {"model_path": "/m", "num_hidden_layers": 8, "hidden_size": 64, "vocab_size": 10, "dtype": "auto"}, {}, 99
+    )
+    assert info.vocab_size == 99 and info.dtype is None
+
+
+def test_unknown_shape_names_the_fix() -> None:
+    with pytest.raises(ServerError, match="mount the model at the same path"):
+        ServerInfo.parse({"model_path": "/elsewhere"}, {})

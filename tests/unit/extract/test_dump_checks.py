@@ -1,0 +1,59 @@
+"""Every dump is checked before it is packed; each mismatch has its own reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hsextract.contract.dumps import Dump, DumpMeta, DumpSource
+from hsextract.errors import DumpError, LayerMismatchError
+from hsextract.extract.dump_checks import DumpExpectation, check_dump
+
+T, K, H = 4, 3, 8
+EXPECT = DumpExpectation([1, 3, 4], [2, 4, 5], H, "float32", need_final_prenorm=False)
+
+
+def dump(layer_ids: list[int] | None = None, tensors: dict[str, torch.Tensor] | None = None) -> Dump:
+    ids = layer_ids or [1, 3, 4]
+    source = DumpSource("test", "1", "/m", ids, [i + 1 for i in ids])
+    meta = DumpMeta("r", T, K, H, "float32", False, 1, 0.0, source)
+    fields: dict[str, torch.Tensor] = {
+        "input_ids": torch.arange(T),
+        "aux_hidden_states": torch.zeros(T, K, H),
+        "final_hidden_state": torch.zeros(T, H),
+        **(tensors or {}),
+    }
+    return Dump("r", meta=meta, **fields)  # type: ignore[arg-type]
+
+
+def test_a_good_dump_passes() -> None:
+    check_dump(dump(), list(range(T)), EXPECT)
+
+
+def test_other_layers_stop_the_run() -> None:
+    with pytest.raises(LayerMismatchError, match=r"layer_ids \[2, 4, 5\].*expects layer_ids \[1, 3, 4\]"):
+        check_dump(dump([2, 4, 5]), list(range(T)), EXPECT)
+
+
+@pytest.mark.parametrize(
+    ("bad", "sent", "reason"),
+    [
+        ({}, [0, 1, 2, 9], "token_mismatch"),
+        ({}, [0, 1, 2], "token_mismatch"),
+        ({"aux_hidden_states": torch.zeros(T, 2, H)}, list(range(T)), "shape_mismatch"),
+        ({"final_hidden_state": torch.zeros(T, H + 1)}, list(range(T)), "shape_mismatch"),
+        ({"final_hidden_state": torch.zeros(T, H, dtype=torch.bfloat16)}, list(range(T)), "dtype_mismatch"),
+        ({"aux_hidden_states": torch.full((T, K, H), float("nan"))}, list(range(T)), "non_finite"),
+    ],
+)
+def test_mismatches_name_their_reason(bad: dict[str, torch.Tensor], sent: list[int], reason: str) -> None:
+    with pytest.raises(DumpError) as caught:
+        check_dump(dump(tensors=bad), sent, EXPECT)
+    assert caught.value.reason == reason
+
+
+def test_a_format_that_needs_the_prenorm_state_refuses_a_dump_without_it() -> None:
+    expect = DumpExpectation([1, 3, 4], [2, 4, 5], H, "float32", need_final_prenorm=True)
+    with pytest.raises(DumpError) as caught:
+        check_dump(dump(), list(range(T)), expect)
+    assert caught.value.reason == "missing_final_prenorm"
