@@ -122,11 +122,11 @@ def test_server_answering_health_but_not_health_generate_is_never_healthy(health
     )
     try:
         result = run_playbook(
-            "playbooks/restart.yml", inventory, "-e", '{"hsx_server_health_timeout_s": 8, "hsx_server_health_delay_s": 2}'
+            "playbooks/restart.yml", inventory, "-e", '{"hsx_server_health_timeout_s": 5, "hsx_server_health_delay_s": 1}'
         )
         assert result.rc != 0, "restart.yml reported a server that never answers /health_generate as healthy"
         assert "answered HTTP 200" not in result.flat
-        assert f"http://127.0.0.1:{PORT}/health_generate did not answer HTTP 200 within 8 s (last status 503" in result.flat
+        assert f"http://127.0.0.1:{PORT}/health_generate did not answer HTTP 200 within 5 s (last status 503" in result.flat
         # the journal tail is printed: the unit's own lines, with the probes of /health_generate
         assert "loading model weights (this stand-in never finishes)" in result.flat
         assert "GET /health_generate -> 503, model weights still loading" in result.flat
