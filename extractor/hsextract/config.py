@@ -150,6 +150,11 @@ class SGLangLaunchConfig(_Strict):
         None, description=f"aux layer ids, 0-based outputs (default: the {DEFAULT_AUX_LAYERS_TEXT})"
     )
     final_prenorm: bool = Field(False, description="also dump the final layer's pre-norm output (speculators format)")
+    disable_custom_all_reduce: bool = Field(
+        False,
+        description="pass --disable-custom-all-reduce: NCCL all-reduce only. Custom all-reduce needs CUDA IPC between "
+        "the GPUs, which an LXC container's device passthrough may not allow; keep it on (false) on bare metal with NVLink",
+    )
     enable_metrics: bool = Field(True, description="SGLang's own Prometheus /metrics")
     trust_remote_code: bool = Field(True, description="pass --trust-remote-code (Kimi-K2.5 needs it)")
     hook_queue_size: int = Field(4, gt=0, description="extend batches waiting for the dump writers before the forward waits")
