@@ -31,13 +31,13 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from hsextract import __version__
 from hsextract.contract.atomic import temp_path
 from hsextract.contract.dump_dir import fd_path, is_regular_file, open_file, open_request_dir, prepare_dump_root
 from hsextract.contract.rids import parse_rid
 from hsextract.contract.states import DumpState, ErrorReason
+from hsextract.contract.tensor_file import write_safetensors
 from hsextract.errors import DumpError
 
 HIDDEN_FILE = "hidden.safetensors"
@@ -118,7 +118,7 @@ def dump_path(root: Path, rid: str) -> Path:
     return root / rid
 
 
-def _replace_at(dir_fd: int, name: str, write: Callable[[str], None]) -> None:
+def _replace_at(dir_fd: int, name: str, write: Callable[[str], object]) -> None:
     """Write ``name`` in the directory ``dir_fd`` under a temp name, then rename it into place.
     The temp file is created fresh (never through a symlink) and removed if the write fails."""
     tmp = temp_path(Path(name)).name
@@ -169,14 +169,15 @@ def write_dump(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(ERROR_FILE, dir_fd=dir_fd)
         tensors = {
-            "input_ids": input_ids.to(torch.int64).contiguous(),
-            "aux_hidden_states": aux_hidden_states.contiguous(),
-            "final_hidden_state": final_hidden_state.contiguous(),
+            "input_ids": input_ids.to(torch.int64),
+            "aux_hidden_states": aux_hidden_states,
+            "final_hidden_state": final_hidden_state,
         }
         if final_prenorm_hidden_state is not None:
-            tensors["final_prenorm_hidden_state"] = final_prenorm_hidden_state.contiguous()
+            tensors["final_prenorm_hidden_state"] = final_prenorm_hidden_state
         metadata = {"rid": rid, "format_version": str(DUMP_FORMAT_VERSION)}
-        _replace_at(dir_fd, HIDDEN_FILE, lambda path: save_file(tensors, path, metadata=metadata))
+        # Straight from the (pinned) host rows: no staging copy, the interpreter lock released while writing.
+        _replace_at(dir_fd, HIDDEN_FILE, lambda path: write_safetensors(Path(path), tensors, metadata=metadata))
         meta = DumpMeta(
             rid=rid,
             num_tokens=int(input_ids.shape[0]),

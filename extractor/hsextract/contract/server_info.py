@@ -13,6 +13,9 @@ from typing import Any
 
 from hsextract.errors import ServerError
 
+#: ``/generate`` key asking a server that says ``final_prenorm_per_request`` to dump the pre-norm state
+FINAL_PRENORM_KEY = "hsextract_final_prenorm"
+
 
 @dataclass(frozen=True)
 class ServerInfo:
@@ -28,6 +31,8 @@ class ServerInfo:
     engine_version: str | None = None
     rid_prefix: str | None = None
     model_fingerprint: str | None = None  # contract.model_fingerprint, when the server computes it
+    # The server dumps the pre-norm state only for requests that ask (``hsextract_final_prenorm``).
+    final_prenorm_per_request: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -43,6 +48,7 @@ class ServerInfo:
             "dump_dir": self.dump_dir,
             "rid_prefix": self.rid_prefix,
             "provides_final_prenorm": self.provides_final_prenorm,
+            "final_prenorm_per_request": self.final_prenorm_per_request,
         }
 
     @classmethod
@@ -82,4 +88,5 @@ class ServerInfo:
             engine_version=info.get("engine_version"),
             rid_prefix=info.get("rid_prefix"),
             model_fingerprint=info.get("model_fingerprint"),
+            final_prenorm_per_request=info.get("final_prenorm_per_request"),
         )

@@ -26,7 +26,7 @@ import httpx
 
 from hsextract.contract.model_config import read_model_config
 from hsextract.contract.model_fingerprint import model_fingerprint
-from hsextract.contract.server_info import ServerInfo
+from hsextract.contract.server_info import FINAL_PRENORM_KEY, ServerInfo
 from hsextract.contract.states import ErrorReason
 from hsextract.errors import BadSampleError, ServerError, TransientServerError, WrongServerError
 from hsextract.extract.http_transport import CancellableTransport
@@ -140,9 +140,13 @@ class ServerClient:
             "check --server: it must be an SGLang or hsextract server"
         )
 
-    def prefill(self, rid: str, input_ids: list[int]) -> dict[str, Any]:
-        """POST /generate with max_new_tokens 0; returns meta_info (classification: module docstring)."""
-        payload = {"input_ids": input_ids, "rid": rid, "sampling_params": {"max_new_tokens": 0}}
+    def prefill(self, rid: str, input_ids: list[int], final_prenorm: bool = False) -> dict[str, Any]:
+        """POST /generate with max_new_tokens 0; returns meta_info (classification: module docstring).
+        ``final_prenorm`` asks a server that dumps the pre-norm state per request
+        (``final_prenorm_per_request``) to dump it."""
+        payload: dict[str, Any] = {"input_ids": input_ids, "rid": rid, "sampling_params": {"max_new_tokens": 0}}
+        if final_prenorm:
+            payload[FINAL_PRENORM_KEY] = True
         try:
             response = self._http.post("/generate", json=payload)
         except httpx.TimeoutException as exc:

@@ -97,6 +97,26 @@ def iter_rows(path: Path) -> Iterator[DatasetRow]:
             yield DatasetRow(row, record, _record_digest(record))
 
 
+def iter_row_digests(path: Path) -> Iterator[tuple[int, str]]:
+    """Every row's content hash, the same as :func:`iter_rows` gives; JSONL lines are not decoded."""
+    path = Path(path)
+    if dataset_kind(path) != "jsonl":
+        for item in iter_rows(path):
+            yield item.row, item.digest
+        return
+    blank_rows: list[int] = []
+    with open(path, "rb") as handle:
+        for row, line in enumerate(handle):
+            content = line.strip()
+            if not content:
+                blank_rows.append(row)
+                continue
+            for blank in blank_rows:
+                yield blank, _digest(b"")
+            blank_rows.clear()
+            yield row, _digest(content)
+
+
 def _iter_jsonl(path: Path) -> Iterator[DatasetRow]:
     blank_rows: list[int] = []  # held back: blank lines at the very end are a trailing newline, not rows
     with open(path, "rb") as handle:

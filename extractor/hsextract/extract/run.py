@@ -52,7 +52,7 @@ from hsextract.errors import (
 from hsextract.extract.checksum import WrittenFile
 from hsextract.extract.client import ServerClient
 from hsextract.extract.data_config import build_data_config, read_data_config, write_data_config
-from hsextract.extract.dataset import Sample, dataset_kind, iter_rows, validate_row
+from hsextract.extract.dataset import Sample, dataset_kind, iter_raw_rows, iter_rows, validate_row
 from hsextract.extract.dump_checks import DumpExpectation, check_dump
 from hsextract.extract.formats import OutputFormat, open_format
 from hsextract.extract.identity import (
@@ -67,6 +67,8 @@ from hsextract.extract.identity import (
 from hsextract.extract.lock import OutputLock
 from hsextract.extract.manifest import SAMPLES_FILE, ErrorRecord, Manifest, WrittenSample, read_jsonl
 from hsextract.extract.metrics import ExtractMetrics
+from hsextract.extract.ordering import shortest_first
+from hsextract.extract.plan import Plan, Planner
 from hsextract.extract.progress import Progress
 from hsextract.extract.resume_check import check_resume
 from hsextract.extract.scan import DatasetScan, scan_dataset
@@ -106,17 +108,6 @@ class RunSummary:
     hints: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class Plan:
-    rows_in_shard: int
-    todo_rows: int
-    todo_tokens: int
-    settled: int
-    truncated_rows: int = 0  # rows to extract that are longer than max_seq_len
-    longest_tokens: int = 0  # the longest sample the output will hold (after truncation)
-    over_trainer_default: int = 0  # samples longer than the trainer's default length
-
-
 def sweep_temp_files(root: Path) -> int:
     """Remove temp files a killed run left behind; they are never under a final name."""
     removed = 0
@@ -152,6 +143,7 @@ class Extraction:
         self._identity: OutputIdentity | None = None
         self._fanned_out = threading.Event()  # one sample went through: send at full concurrency
         self._finished = threading.Event()
+        self._final_prenorm = False  # ask the server for the pre-norm state (only when the format needs it)
 
     # -- stopping -----------------------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:
@@ -291,19 +283,24 @@ class Extraction:
         write_identity(cfg.output, identity)
         return identity
 
-    def _plan(self, scan: DatasetScan, manifest: Manifest) -> Plan:
-        settled = sum(1 for row, digest in scan.row_hashes.items() if manifest.is_settled(row, digest))
-        todo = {row: n for row, n in scan.tokens.items() if not manifest.is_settled(row, scan.row_hashes[row])}
-        lengths = [s.num_tokens for s in manifest.written.values()] + list(todo.values())
-        trainer_default = TRAINER_DEFAULT_LENGTH[self.config.format]
-        return Plan(
-            rows_in_shard=len(scan.row_hashes),
-            todo_rows=len(todo),
-            todo_tokens=sum(todo.values()),
-            settled=settled,
-            truncated_rows=sum(1 for row in todo if row in scan.truncated),
-            longest_tokens=max(lengths, default=0),
-            over_trainer_default=sum(1 for n in lengths if n > trainer_default),
+    def _shard_rows(self) -> Iterator[tuple[int, object]]:
+        cfg = self.config
+        for row, raw in iter_raw_rows(cfg.dataset):
+            if row % cfg.num_shards == cfg.shard_index:
+                yield row, raw
+
+    def _planner(self, scan: DatasetScan, manifest: Manifest, vocab_size: int) -> Planner:
+        cfg = self.config
+        return Planner(
+            cfg.dataset,
+            self._shard_rows,
+            {row for row, digest in scan.row_hashes.items() if manifest.is_settled(row, digest)},
+            vocab_size,
+            cfg.max_seq_len,
+            cfg.num_shards,
+            self.stop,
+            written_lengths=[s.num_tokens for s in manifest.written.values()],
+            trainer_default=TRAINER_DEFAULT_LENGTH[cfg.format],
         )
 
     def _check_disk(self, plan: Plan, identity: OutputIdentity, fmt: OutputFormat) -> None:
@@ -313,8 +310,9 @@ class Extraction:
         free = shutil.disk_usage(self.config.output).free
         self.metrics.planned_tokens.set(plan.todo_tokens)
         log.info(
-            "plan: %d rows in this shard, %d already settled, %d to extract (%d tokens x %d bytes as %s: about %.2f GB; "
+            "plan%s: %d rows in this shard, %d already settled, %d to extract (%d tokens x %d bytes as %s: about %.2f GB; "
             "%.2f GB free)",
+            "" if plan.exact else " (estimated from the first rows; counted exactly while the run goes)",
             plan.rows_in_shard,
             plan.settled,
             plan.todo_rows,
@@ -324,6 +322,16 @@ class Extraction:
             needed / 1e9,
             free / 1e9,
         )
+        if plan.exact:
+            self._log_lengths(plan)
+        if needed > free:
+            raise DiskSpaceError(
+                f"output {self.config.output} has {free / 1e9:.2f} GB free but this run needs about {needed / 1e9:.2f} GB "
+                f"({plan.todo_tokens} tokens x {per_token} bytes x {self.config.disk_headroom}); free space or choose "
+                "another --output"
+            )
+
+    def _log_lengths(self, plan: Plan) -> None:
         cfg = self.config
         log.info(
             "plan: %d of them longer than max_seq_len %d (truncated and counted); the longest sample will have %d tokens",
@@ -341,12 +349,6 @@ class Extraction:
                 TRAINER_DEFAULT_LENGTH[cfg.format],
                 TRAINER_LENGTH_SETTING[cfg.format],
                 plan.longest_tokens,
-            )
-        if needed > free:
-            raise DiskSpaceError(
-                f"output {self.config.output} has {free / 1e9:.2f} GB free but this run needs about {needed / 1e9:.2f} GB "
-                f"({plan.todo_tokens} tokens x {per_token} bytes x {self.config.disk_headroom}); free space or choose "
-                "another --output"
             )
 
     # -- the run ------------------------------------------------------------------------------------
@@ -375,14 +377,15 @@ class Extraction:
         swept = sweep_temp_files(cfg.output)
         if swept:
             log.info("removed %d temporary files left by an interrupted run", swept)
-        scan = scan_dataset(cfg.dataset, cfg.shard_index, cfg.num_shards, info.vocab_size, cfg.max_seq_len, self._check_stop)
+        scan = scan_dataset(cfg.dataset, cfg.shard_index, cfg.num_shards, self._check_stop)
         identity = self._identity = self._establish_identity(info, aux, scan, fmt)
         manifest = Manifest(cfg.output)
-        plan = Plan(len(scan.row_hashes), 0, 0, 0)
+        planner: Planner | None = None
         try:
             resume = check_resume(manifest, scan, fmt, cfg.resume_check == "checksum", self._check_stop)
             resume.log_summary()
-            plan = self._plan(scan, manifest)
+            planner = self._planner(scan, manifest, info.vocab_size)
+            plan = planner.estimate()  # the first rows only: the first request leaves within seconds
             self._check_disk(plan, identity, fmt)
             stale = sweep_stale_dumps(dump_dir, cfg.rid_prefix, cfg.shard_index, cfg.num_shards)
             if stale:
@@ -403,6 +406,9 @@ class Extraction:
                 model_fingerprint=identity.model.fingerprint,
             )
             progress = Progress(plan.rows_in_shard, plan.settled, plan.todo_tokens, cfg.log_interval_s)
+            if not plan.exact:
+                planner.start(functools.partial(self._exact_plan, progress=progress))
+            self._final_prenorm = fmt.needs_final_prenorm and bool(info.final_prenorm_per_request)
             try:
                 self._stream(manifest, info.vocab_size, fmt, dump_dir, expect, progress)
             finally:
@@ -414,6 +420,7 @@ class Extraction:
             self._close_quietly(manifest)
             raise
         status, stop_reason = self._outcome()
+        plan = planner.result() if planner is not None else Plan(len(scan.row_hashes), 0, 0, 0)
         return self._finish(started, info, aux, dump_dir, fmt, serving, manifest, plan, status, stop_reason)
 
     def _outcome(self) -> tuple[RunStatus, str | None]:
@@ -500,10 +507,16 @@ class Extraction:
             hints=tuple(summary_lines(serving, data_config["trainer"], cfg.output)),
         )
 
+    def _exact_plan(self, plan: Plan, progress: Progress) -> None:
+        self.metrics.planned.set(plan.rows_in_shard)
+        self.metrics.planned_tokens.set(plan.todo_tokens)
+        progress.set_totals(plan.rows_in_shard, plan.todo_tokens)
+        self._log_lengths(plan)
+
     def _valid_samples(self, rows: dict[int, WrittenSample], vocab_size: int) -> Iterator[Sample]:
-        for item in iter_rows(self.config.dataset):
-            if item.row in rows:
-                yield validate_row(item.row, item.raw, vocab_size, self.config.max_seq_len)
+        for row, raw in self._shard_rows():
+            if row in rows:
+                yield validate_row(row, raw, vocab_size, self.config.max_seq_len)
 
     @staticmethod
     def _remove_unlisted(fmt: OutputFormat, manifest: Manifest) -> int:
@@ -527,17 +540,26 @@ class Extraction:
     ) -> None:
         cfg = self.config
         slots = threading.BoundedSemaphore(cfg.concurrency)
+        digests: dict[int, str] = {}  # each row's content hash, as read now; taken when the row leaves
+
+        def shard_rows() -> Iterator[tuple[int, object]]:
+            for item in iter_rows(cfg.dataset):
+                if item.row % cfg.num_shards == cfg.shard_index:
+                    digests[item.row] = item.digest
+                    yield item.row, item.raw
+
         with ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="hsextract-req") as pool:
             try:
-                for item in iter_rows(cfg.dataset):
+                for row, raw in shortest_first(shard_rows(), cfg.sort_window):
+                    digest = digests.pop(row)
                     if self.stop.is_set():
                         break
-                    if item.row % cfg.num_shards != cfg.shard_index or manifest.is_settled(item.row, item.digest):
+                    if manifest.is_settled(row, digest):
                         continue
                     try:
-                        sample = validate_row(item.row, item.raw, vocab_size, cfg.max_seq_len)
+                        sample = validate_row(row, raw, vocab_size, cfg.max_seq_len)
                     except BadSampleError as exc:
-                        self._record_bad(manifest, item.row, item.digest, exc)
+                        self._record_bad(manifest, row, digest, exc)
                         progress.advance()
                         continue
                     if not self._wait_for_shm(dump_dir):
@@ -550,7 +572,7 @@ class Extraction:
                     with self._lock:
                         self._inflight += 1
                     self.metrics.inflight.inc()
-                    future: Future[None] = pool.submit(self._process, sample, item.digest, manifest, fmt, dump_dir, expect)
+                    future: Future[None] = pool.submit(self._process, sample, digest, manifest, fmt, dump_dir, expect)
                     future.add_done_callback(functools.partial(self._on_done, sample=sample, slots=slots, progress=progress))
                     if not self._fanned_out.is_set():
                         self._await_probe(future)
@@ -623,11 +645,15 @@ class Extraction:
             remove_dump(directory)
             started = time.monotonic()
             try:
-                self.client.prefill(rid, sample.input_ids)
+                with self.metrics.stage("request"):
+                    self.client.prefill(rid, sample.input_ids, final_prenorm=self._final_prenorm)
                 self.metrics.server_up.set(1)
-                dump = self._wait_for_dump(directory)
-                check_dump(dump, sample.input_ids, self._expectation(expect, dump))
-                written = self._write_sample(fmt, sample, dump)
+                with self.metrics.stage("wait_dump"):
+                    dump = self._wait_for_dump(directory)
+                with self.metrics.stage("verify"):
+                    check_dump(dump, sample.input_ids, self._expectation(expect, dump))
+                with self.metrics.stage("pack"):
+                    written = self._write_sample(fmt, sample, dump)
             except BadSampleError as exc:
                 remove_dump(directory)
                 self._record_bad(manifest, sample.row, row_hash, exc)
