@@ -109,6 +109,23 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else EXIT_FATAL
 
 
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from hsextract.extract.merge import merge_outputs
+    from hsextract.extract.verify import verify_output
+
+    summary = merge_outputs(args.shards, args.into, copy=args.copy)
+    print(
+        f"MERGED {summary.shards} shards into {summary.into}: {summary.samples} samples, {summary.tokens} tokens, "
+        f"{summary.bad_input} bad-input rows\n"
+        f"  sample files: {summary.linked} hard-linked, {summary.copied} copied, {summary.already_present} already in place"
+    )
+    if args.no_verify:
+        return 0
+    report = verify_output(summary.into)
+    print(report.summary())
+    return 0 if report.ok else EXIT_FATAL
+
+
 def _cmd_launch_sglang(args: argparse.Namespace) -> int:
     from hsextract.capture.sglang.launcher import launch
 
@@ -183,6 +200,20 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="re-read an output directory and check every sample and total")
     verify.add_argument("output", type=Path, help="output directory of hsextract extract")
     verify.set_defaults(func=_cmd_verify)
+
+    merge = sub.add_parser(
+        "merge",
+        help="merge the shards' outputs of one dataset into one trainer-ready output (hard links where possible)",
+        description="Check that the shards agree (model, layers, format, max_seq_len, dataset), do not overlap and "
+        "leave no row missing; then hard-link (or copy) every sample into --into, merge the manifests, the "
+        "speculators Arrow dataset and data_config.json (totals summed, each shard's provenance), and verify it. "
+        "Resumable: rerun the same command after an interruption.",
+    )
+    merge.add_argument("shards", type=Path, nargs="+", metavar="SHARD_OUT", help="each shard's output directory")
+    merge.add_argument("--into", type=Path, required=True, help="the merged output directory (new, or an earlier merge)")
+    merge.add_argument("--copy", action="store_true", help="copy the sample files instead of hard-linking them")
+    merge.add_argument("--no-verify", action="store_true", help="skip the hsextract verify pass over the merged output")
+    merge.set_defaults(func=_cmd_merge)
 
     status = sub.add_parser(
         "status",

@@ -2,6 +2,7 @@
 
     HsextractError                base: the CLI prints ``Type: message`` and exits non-zero
     ├── ConfigError               a setting is wrong; raised before any work starts
+    │   └── MergeError            shards that cannot be merged: they disagree, overlap or leave rows missing
     ├── DatasetError              the dataset as a whole cannot be read
     ├── ServerError               the server is unreachable, unhealthy or kept failing
     │   └── TransientServerError  one failure worth retrying: refused, reset, timeout, HTTP 5xx
@@ -25,6 +26,10 @@ class HsextractError(Exception):
 
 class ConfigError(HsextractError):
     """A setting is invalid; nothing has been done yet."""
+
+
+class MergeError(ConfigError):
+    """Shard outputs that ``hsextract merge`` refuses; nothing has been written yet."""
 
 
 class DatasetError(HsextractError):
