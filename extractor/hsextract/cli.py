@@ -113,7 +113,21 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     from hsextract.extract.merge import merge_outputs
     from hsextract.extract.verify import verify_output
 
-    summary = merge_outputs(args.shards, args.into, copy=args.copy)
+    shards: list[Path] = list(args.shards)
+    if args.inventory is not None:
+        from hsextract.ops.fleet import shard_dirs_from_inventory
+        from hsextract.ops.status import load_inventory
+
+        if shards:
+            raise ConfigError("give either SHARD_OUT directories or --inventory, not both")
+        targets = load_inventory(args.inventory, args.ansible_inventory)
+        gather_into = None if args.shared else (args.gather_into or args.into.with_name(args.into.name + ".shards"))
+        shards = shard_dirs_from_inventory(targets, gather_into, args.ssh_option)
+        for target, path in zip(sorted(targets, key=lambda t: (t.shard_index or 0, t.name)), shards, strict=True):
+            print(f"shard {target.shard_index}/{target.num_shards} of {target.name}: {path}")
+    elif not shards:
+        raise ConfigError("no shard outputs: give SHARD_OUT directories, or --inventory to take them from the hosts")
+    summary = merge_outputs(shards, args.into, copy=args.copy)
     print(
         f"MERGED {summary.shards} shards into {summary.into}: {summary.samples} samples, {summary.tokens} tokens, "
         f"{summary.bad_input} bad-input rows\n"
@@ -134,10 +148,17 @@ def _cmd_launch_sglang(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    from hsextract.ops import fleet
     from hsextract.ops import status as ops_status
 
-    statuses = ops_status.gather_all(ops_status.targets_from_args(args), args.logs)
-    print(ops_status.to_json(statuses) if args.json else "\n".join(ops_status.render(s) for s in statuses))
+    targets = sorted(ops_status.targets_from_args(args), key=lambda t: (t.shard_index or 0, t.name))
+    statuses = ops_status.gather_all(targets, args.logs)
+    total = fleet.fleet_total(statuses, targets)
+    if args.json:
+        print(fleet.to_json(statuses, targets, total))
+    else:
+        shard = {t.name: f"shard {t.shard_index}/{t.num_shards}" for t in targets if t.shard_index is not None}
+        print("\n".join([*(ops_status.render(s, shard.get(s.name, "")) for s in statuses), fleet.render_total(total)]))
     unreachable = [s.name for s in statuses if not s.reachable]
     if unreachable:
         print(f"StatusError: could not reach {', '.join(unreachable)} (see above)", file=sys.stderr)
@@ -209,7 +230,23 @@ def build_parser() -> argparse.ArgumentParser:
         "speculators Arrow dataset and data_config.json (totals summed, each shard's provenance), and verify it. "
         "Resumable: rerun the same command after an interruption.",
     )
-    merge.add_argument("shards", type=Path, nargs="+", metavar="SHARD_OUT", help="each shard's output directory")
+    merge.add_argument("shards", type=Path, nargs="*", metavar="SHARD_OUT", help="each shard's output directory")
+    fleet_group = merge.add_argument_group("shards from an Ansible inventory (make merge)")
+    fleet_group.add_argument(
+        "--inventory", type=Path, help="take the shards from this inventory's extraction_containers (hsx_output_dir)"
+    )
+    fleet_group.add_argument(
+        "--shared",
+        action="store_true",
+        help="the outputs sit on a shared filesystem mounted here at the same paths: merge them in place",
+    )
+    fleet_group.add_argument(
+        "--gather-into", type=Path, help="where the outputs are copied over SSH first (default: INTO.shards/<host>)"
+    )
+    fleet_group.add_argument("--ansible-inventory", help="the ansible-inventory program (default: found next to python)")
+    fleet_group.add_argument(
+        "--ssh-option", action="append", default=[], metavar="OPT", help="an ssh -o option for the copies (repeatable)"
+    )
     merge.add_argument("--into", type=Path, required=True, help="the merged output directory (new, or an earlier merge)")
     merge.add_argument("--copy", action="store_true", help="copy the sample files instead of hard-linking them")
     merge.add_argument("--no-verify", action="store_true", help="skip the hsextract verify pass over the merged output")
