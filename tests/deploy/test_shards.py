@@ -95,7 +95,10 @@ def test_each_host_gets_its_shard_in_the_rendered_config(tmp_path: Path, hosts: 
     assert sorted(index for index, _ in expected.values()) == list(range(len(hosts)))
     if PACKAGE_PYTHON.exists():  # the rendered file is what ExtractConfig accepts
         for config in configs.values():
-            check = "import json, sys; from hsextract.config import ExtractConfig; ExtractConfig.model_validate(json.loads(sys.argv[1]))"
+            check = (
+                "import json, sys; from hsextract.config import ExtractConfig; "
+                "ExtractConfig.model_validate(json.loads(sys.argv[1]))"
+            )
             subprocess.run([str(PACKAGE_PYTHON), "-c", check, json.dumps(config)], check=True)
 
 
