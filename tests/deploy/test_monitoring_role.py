@@ -109,6 +109,8 @@ def test_monitoring_role_on_scratch_dirs(scratch: dict[str, Path], promtool: str
     for job, expected in EXPECTED_TARGETS.items():
         got = {target: sc["labels"]["container"] for sc in jobs[job]["static_configs"] for target in sc["targets"]}
         assert got == expected, job
+        shards = {sc["labels"]["container"]: sc["labels"]["shard"] for sc in jobs[job]["static_configs"]}
+        assert shards == {"hsx-a": "0", "hsx-b": "1"}, job  # the sorted group, as deploy.yml renders the extractors'
 
     assert sorted(p.name for p in scratch["rules"].iterdir()) == [p.name for p in RULES]
     for rules in RULES:
