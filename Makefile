@@ -16,8 +16,11 @@ PYTEST_ARGS ?=
 # Deployment (Ansible) and monitoring targets live in their own files.
 include $(wildcard mk/*.mk)
 
+# Every target with a `## text` comment, in the Makefile and mk/*.mk, the text aligned past the longest name.
 help:  ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
+	@awk -F':.*## ' 'BEGIN { n = w = 0 } \
+	  /^[a-z][a-z0-9-]*:.*## / { name[n] = $$1; text[n] = $$2; n++; if (length($$1) > w) w = length($$1) } \
+	  END { for (i = 0; i < n; i++) printf("  make %-" w "s  %s\n", name[i], text[i]) }' $(MAKEFILE_LIST)
 
 setup: $(VENV)/.setup-done  ## create .venv with hsextract and its test tools
 
@@ -53,9 +56,10 @@ test-fast: setup  ## unit tests only (tests/unit): no server, no model, no root;
 test-docker: setup  ## build docker/ on a locally made SGLang stand-in base and dry-run it (starts its own dockerd; root)
 	scripts/ci/docker-test.sh $(VENV)
 
-lint: setup  ## ruff, mypy (strict on the package, bodies of the tests), ansible-lint on the roles
+lint: setup  ## ruff, mypy (strict on the package, bodies of the tests), shellcheck on the shell scripts, ansible-lint on the roles
 	$(BIN)/ruff check extractor tests bench
 	$(BIN)/mypy --config-file mypy.ini extractor/hsextract tests --exclude 'tests/(deploy|sglang_contract)/'
+	scripts/lint-shell.sh $(BIN)/shellcheck
 	$(MAKE) lint-ansible
 
 bench: setup  ## benchmarks; writes bench/results.json

@@ -1,6 +1,7 @@
 # Monitoring: status and logs of the extraction hosts, and the Prometheus/Grafana checks.
 #   make status [INVENTORY=DIR]          server health, units, /dev/shm and disk, progress and ETA
 #   make logs [INVENTORY=DIR] [LINES=N]  the same plus the units' last log lines
+#   make monitoring-rules                render the alert rules template with hsx_monitoring's defaults
 # The hosts are those of INVENTORY, else of the inventory ansible.cfg names once it is configured
 # (no CHANGE_ME left; see mk/ansible.mk); with neither they look at this machine (`make extract`'s
 # embedded default). STATUS_ARGS passes more flags, e.g. STATUS_ARGS=--json (hsextract status --help).
@@ -10,8 +11,10 @@ LINES ?= 50
 STATUS_ARGS ?=
 ANSIBLE_VENV ?= .venv-ansible
 PROMTOOL ?= promtool
+# Where `make monitoring-rules` writes; the repository's copy is what the promtool unit tests load.
+MONITORING_RULES_DIR ?= monitoring/prometheus/rules
 
-.PHONY: status logs test-monitoring monitoring-deps
+.PHONY: status logs test-monitoring monitoring-deps monitoring-rules
 
 _status_inventory = $(or $(INVENTORY),$(if $(HSX_INVENTORY_CONFIGURED),$(HSX_INVENTORY)))
 _status = $(BIN)/hsextract status $(if $(_status_inventory),--inventory $(_status_inventory) \
@@ -31,3 +34,13 @@ test-monitoring: setup monitoring-deps  ## promtool checks and rule tests, dashb
 	$(PROMTOOL) check rules monitoring/prometheus/rules/*.yml
 	$(PROMTOOL) test rules monitoring/prometheus/tests/*.yml
 	$(BIN)/python -m pytest $(PYTEST_ARGS) tests/monitoring
+
+# The same template and variables the role hsx_monitoring renders on the monitoring hosts, rendered by Ansible
+# itself with the role's defaults, so the repository's copy is byte for byte what the role installs by default.
+monitoring-rules: setup-ansible  ## after editing the alerts template (monitoring/prometheus/rules/*.yml.j2): render its defaults copy
+	@for template in monitoring/prometheus/rules/*.yml.j2; do \
+	  out=$(abspath $(MONITORING_RULES_DIR))/$$(basename "$${template%.j2}"); \
+	  ANSIBLE_CONFIG=ansible.cfg $(ANSIBLE_BIN)/ansible localhost -c local -m ansible.builtin.template \
+	    -e ansible_python_interpreter=$(abspath $(ANSIBLE_BIN))/python -e @roles/hsx_monitoring/defaults/main.yml \
+	    -a "src=$(CURDIR)/$$template dest=$$out mode=0644" >/dev/null; \
+	  echo "rendered $$out"; done

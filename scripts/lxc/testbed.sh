@@ -45,17 +45,23 @@ build_rootfs() {
 }
 
 build_wheelhouse() {
-  local stamp=$WHEELHOUSE/.complete-$(cat "$REPO/constraints.txt" "$REPO/extractor/pyproject.toml" | sha256sum | cut -c1-16)
+  local stamp
+  stamp=$WHEELHOUSE/.complete-$(cat "$REPO/constraints.txt" "$REPO/extractor/pyproject.toml" | sha256sum | cut -c1-16)
   [[ -e $stamp ]] && return 0
   mkdir -p "$WHEELHOUSE"
   log "downloading wheels for the container's ml-env into $WHEELHOUSE (once)"
-  local pip=${HSX_HOST_PIP:-$REPO/.venv/bin/pip}
-  [[ -x $pip ]] || pip="python3 -m pip"
-  # hsextract's dependencies (pinned by constraints.txt), the CPU torch, and the build backend that
-  # `pip install <source dir>` needs offline. The extractor itself is installed from source by the role.
-  $pip download -q --disable-pip-version-check -d "$WHEELHOUSE" --only-binary=:all: \
-    -c "$REPO/constraints.txt" "$TORCH_SPEC" "setuptools>=68" wheel \
-    $(python3 -c 'import sys, tomllib; print(" ".join(repr(d) for d in tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"] if not d.startswith("torch")))' "$REPO/extractor/pyproject.toml" | tr -d "'")
+  local -a pip=("${HSX_HOST_PIP:-$REPO/.venv/bin/pip}")
+  [[ -x ${pip[0]} ]] || pip=(python3 -m pip)
+  # hsextract's dependencies (pinned by constraints.txt), one a line, torch left out: TORCH_SPEC picks it
+  local -a deps
+  mapfile -t deps < <(python3 -c 'import sys, tomllib
+print("\n".join(d for d in tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"] if not d.startswith("torch")))' \
+    "$REPO/extractor/pyproject.toml")
+  ((${#deps[@]} > 0)) || { log "no dependencies read from $REPO/extractor/pyproject.toml"; return 1; }
+  # those, the CPU torch, and the build backend that `pip install <source dir>` needs offline. The extractor
+  # itself is installed from source by the role.
+  "${pip[@]}" download -q --disable-pip-version-check -d "$WHEELHOUSE" --only-binary=:all: \
+    -c "$REPO/constraints.txt" "$TORCH_SPEC" "setuptools>=68" wheel "${deps[@]}"
   rm -f "$WHEELHOUSE"/.complete-*
   touch "$stamp"
 }

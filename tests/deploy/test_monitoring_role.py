@@ -1,6 +1,8 @@
 """The monitoring role (roles/hsx_monitoring) against this machine (connection local) with scratch directories:
-Prometheus config rendered from a two-container inventory and checked with the real promtool, the rules,
-the Grafana dashboard and its provisioning file, check mode, a config promtool rejects, the second run."""
+Prometheus config rendered from a two-container inventory and checked with the real promtool, the rules
+(the alerts rendered from their template: the defaults give the repository's copy, other settings change
+what fires, checked by promtool's unit tests), the Grafana dashboard and its provisioning file, check mode,
+a config promtool rejects, bad alert settings, the second run."""
 
 from __future__ import annotations
 
@@ -12,11 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import ANSIBLE_BIN, REPO, run_playbook
+from .conftest import ANSIBLE_BIN, REPO, ansible_env, run_playbook
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 MONITORING = REPO / "monitoring"
 RULES = sorted((MONITORING / "prometheus" / "rules").glob("*.yml"))
+RULE_TEMPLATES = sorted((MONITORING / "prometheus" / "rules").glob("*.yml.j2"))
+RUNBOOKS = REPO / "docs" / "runbooks"
 
 #: the extraction containers Prometheus scrapes: one at the default ports, one at others and on IPv6
 CONTAINERS = {
@@ -112,9 +116,14 @@ def test_monitoring_role_on_scratch_dirs(scratch: dict[str, Path], promtool: str
         shards = {sc["labels"]["container"]: sc["labels"]["shard"] for sc in jobs[job]["static_configs"]}
         assert shards == {"hsx-a": "0", "hsx-b": "1"}, job  # the sorted group, as deploy.yml renders the extractors'
 
+    # the recording rules copied, the alerts rendered from their template: with the role's defaults both are
+    # byte for byte the repository's files (the alerts file there is the defaults rendering)
     assert sorted(p.name for p in scratch["rules"].iterdir()) == [p.name for p in RULES]
     for rules in RULES:
-        assert (scratch["rules"] / rules.name).read_bytes() == rules.read_bytes()
+        assert (scratch["rules"] / rules.name).read_bytes() == rules.read_bytes(), (
+            f"{rules.name}: the role's rendering with its defaults differs from the repository's copy;"
+            " run `make monitoring-rules` after editing a rules template"
+        )
 
     assert (scratch["dashboards"] / "hsextract.json").read_bytes() == (MONITORING / "grafana/hsextract.json").read_bytes()
     provisioning = yaml.safe_load((scratch["provisioning"] / "hsextract.yml").read_text())
@@ -126,6 +135,74 @@ def test_monitoring_role_on_scratch_dirs(scratch: dict[str, Path], promtool: str
     result = run_playbook(playbook, inventory)
     assert result.rc == 0, result.output
     assert result.recap()["mon-scratch"]["changed"] == 0
+
+
+def test_make_monitoring_rules_renders_the_repository_s_copy(tmp_path: Path) -> None:
+    """`make monitoring-rules`, run after editing a rules template, writes what the repository holds."""
+    assert RULE_TEMPLATES, "no rules templates (*.yml.j2) under monitoring/prometheus/rules"
+    done = subprocess.run(
+        ["make", "-s", "monitoring-rules", f"MONITORING_RULES_DIR={tmp_path}", f"ANSIBLE_VENV={ANSIBLE_BIN.parent}"],
+        cwd=REPO, env=ansible_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    for template in RULE_TEMPLATES:
+        name = template.name.removesuffix(".j2")
+        assert (tmp_path / name).read_bytes() == (template.parent / name).read_bytes(), (
+            f"monitoring/prometheus/rules/{name} is stale: run `make monitoring-rules` and commit it"
+        )
+
+
+ALERT_SETTINGS = Path(__file__).parent / "data" / "alert-settings.yml"
+ALERT_SETTINGS_TESTS = Path(__file__).parent / "data" / "alert-settings.test.yml"
+
+
+def test_the_alert_settings_reach_the_installed_rules(scratch: dict[str, Path], promtool: str) -> None:
+    result = run_playbook(str(scratch["playbook"]), scratch["inventory"], "-e", f"@{ALERT_SETTINGS}")
+    assert result.rc == 0, result.output
+
+    base = yaml.safe_load(ALERT_SETTINGS.read_text())["hsx_monitoring_runbook_base_url"].rstrip("/")
+    alerts = yaml.safe_load((scratch["rules"] / "hsextract.alerts.yml").read_text())
+    rules = [rule for group in alerts["groups"] for rule in group["rules"]]
+    assert len(rules) == 9
+    for rule in rules:
+        url = rule["annotations"]["runbook_url"]
+        assert url.startswith(base + "/"), f"{rule['alert']}: {url}"
+        assert (RUNBOOKS / url.removeprefix(base + "/")).is_file(), f"{rule['alert']}: {url}"
+
+    # each case fires because of its setting: it passes on the rules installed here ...
+    shutil.copy(ALERT_SETTINGS_TESTS, scratch["config"] / "settings.test.yml")
+    argv = [promtool, "test", "rules", "settings.test.yml"]
+    check = subprocess.run(argv, cwd=scratch["config"], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    # ... and fails on the defaults rendering (the repository's copy)
+    shutil.copy(MONITORING / "prometheus/rules/hsextract.alerts.yml", scratch["rules"] / "hsextract.alerts.yml")
+    check = subprocess.run(argv, cwd=scratch["config"], capture_output=True, text=True, timeout=60)
+    assert check.returncode != 0
+    cases = [case["name"] for case in yaml.safe_load(ALERT_SETTINGS_TESTS.read_text())["tests"]]
+    assert len(cases) == 6
+    for case in cases:
+        assert f"name: {case}," in check.stdout + check.stderr, case
+
+
+OUT_OF_RANGE = "hsx_monitoring: the alert settings are out of range"
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("hsx_monitoring_alert_stalled_minutes=5", OUT_OF_RANGE),
+        ("hsx_monitoring_alert_shm_ratio=1.5", OUT_OF_RANGE),
+        ("hsx_monitoring_alert_error_ratio=0", OUT_OF_RANGE),
+        ("hsx_monitoring_runbook_base_url=''", OUT_OF_RANGE),
+        # argument_specs.yml: the role's types are checked before its first task
+        ("hsx_monitoring_alert_sglang_down_minutes=soon", "'hsx_monitoring_alert_sglang_down_minutes' is of type str"),
+    ],
+)
+def test_a_bad_alert_setting_stops_before_any_file(scratch: dict[str, Path], setting: str, message: str) -> None:
+    result = run_playbook(str(scratch["playbook"]), scratch["inventory"], "-e", setting)
+    assert result.rc != 0
+    assert message in result.output, result.output[-3000:]
+    assert not scratch["config"].exists()
 
 
 def test_a_config_promtool_rejects_leaves_the_live_one(scratch: dict[str, Path]):

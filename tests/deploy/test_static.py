@@ -3,6 +3,8 @@ directory (with a recording stand-in for pct), the /dev/shm sizing, the placehol
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import textwrap
 from pathlib import Path
@@ -25,6 +27,90 @@ def test_argument_specs_match_defaults(role: Path):
     for i, line in enumerate(lines):
         if line and not line.startswith((" ", "#", "-")) and ":" in line:
             assert lines[i - 1].startswith("# "), f"{role.name}: {line.split(':')[0]} has no one-line comment above it"
+
+
+def _readme_cell(value: object) -> str:
+    """How a role README's variables table writes a default: a non-empty string as it is, anything else as JSON."""
+    return value if isinstance(value, str) and value else json.dumps(value)
+
+
+def _deploy_role_vars() -> dict[str, str]:
+    """The role variables deploy.yml sets, each to the expression inside its {{ }}."""
+    found: dict[str, str] = {}
+    for play in yaml.safe_load((REPO / "deploy.yml").read_text()):
+        for entry in play.get("roles") or []:
+            for name, value in (entry.get("vars") or {}).items():
+                found[name] = str(value).strip().removeprefix("{{").removesuffix("}}").strip()
+    return found
+
+
+def _table(text: str, heading: str) -> list[dict[str, str]]:
+    """The rows of the first markdown table under `heading`, keyed by the header's cells, backticks stripped."""
+    section = text.split(heading + "\n", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    split = [[cell.strip().strip("`") for cell in line.strip("|").split(" | ")] for line in lines]
+    header, rows = split[0], split[2:]
+    assert all(len(row) == len(header) for row in rows), f"{heading}: a row has not {len(header)} cells"
+    return [dict(zip(header, row, strict=True)) for row in rows]
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_role_readme_lists_every_variable_default_and_tag(role: Path) -> None:
+    readme = role / "README.md"
+    assert readme.is_file(), f"{role.name} has no README.md"
+    text = readme.read_text()
+    assert text.startswith(f"# {role.name}\n"), f"{readme}: first line must be '# {role.name}'"
+    for heading in ("## Variables", "## Tags", "## Example"):
+        assert f"\n{heading}\n" in text, f"{readme} lacks a '{heading}' section"
+
+    defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text()) or {}
+    rows = _table(text, "## Variables")
+    listed = [row["variable"] for row in rows]
+    assert sorted(listed) == sorted(defaults), (
+        f"{readme}: variables table differs from defaults/main.yml: missing {sorted(set(defaults) - set(listed))},"
+        f" extra {sorted(set(listed) - set(defaults))}"
+    )
+    for row in rows:
+        assert row["default"] == _readme_cell(defaults[row["variable"]]), f"{readme}: default of {row['variable']}"
+
+    # the variables deploy.yml sets (above the inventory in precedence), and to what
+    from_deploy = {name: expr for name, expr in _deploy_role_vars().items() if name in defaults}
+    column = "deploy.yml sets it to"
+    if from_deploy:
+        assert {row["variable"]: row[column] for row in rows if row[column]} == from_deploy, f"{readme}: {column}"
+    else:
+        assert column not in rows[0], f"{readme}: deploy.yml sets none of {role.name}'s variables"
+
+    tags = [task["tags"] for task in yaml.safe_load((role / "tasks" / "main.yml").read_text()) if "tags" in task]
+    assert tags, f"{role.name}: tasks/main.yml tags nothing"
+    assert sorted(row["tag"] for row in _table(text, "## Tags")) == sorted(t for ts in tags for t in ts), readme
+    entry_points = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+    for entry_point in set(entry_points) - {"main"}:
+        assert f"`{entry_point}`" in text and f"{entry_point}.yml" in text, f"{readme}: entry point {entry_point}"
+
+
+def test_deploy_doc_links_every_role_readme() -> None:
+    text = (REPO / "docs" / "deploy.md").read_text()
+    for role in ROLES:
+        assert f"(../roles/{role.name}/README.md)" in text, role.name
+
+
+def _make(*args: str) -> str:
+    env = {k: v for k, v in ansible_env().items() if not k.startswith("MAKE")}  # not the make that runs the tests
+    done = subprocess.run(["make", "--no-print-directory", *args], cwd=REPO, env=env, capture_output=True, text=True)
+    return done.stdout
+
+
+def test_make_help_lists_every_target_with_its_text_aligned() -> None:
+    phony = next(line for line in _make("-pRrq").splitlines() if line.startswith(".PHONY:")).split()[1:]
+    assert {"help", "lint", "test", "deploy", "status", "test-monitoring", "monitoring-rules"} <= set(phony)
+    lines = _make("-s", "help").splitlines()
+    rows = [re.fullmatch(r"  make (\S+) +(\S.*)", line) for line in lines]
+    assert all(rows), f"make help line not '  make TARGET  text': {lines[rows.index(None)]!r}"
+    listed = [row.group(1) for row in rows if row]
+    assert sorted(set(phony) - set(listed)) == [], "phony targets without a '## text' comment, so not in make help"
+    # every text starts in one column, two spaces past the longest target name
+    assert {row.start(2) for row in rows if row} == {len("  make ") + max(map(len, listed)) + 2}
 
 
 def test_syntax_check():
