@@ -131,3 +131,63 @@ def test_a_failed_container_does_not_stop_the_others_and_is_named(tmp_path: Path
     assert result.rc != 0
     assert sorted(p.stem for p in tmp_path.glob("*.done")) == ["hsx-a", "hsx-c"]
     assert "1 of 3 containers failed: hsx-b" in result.output and "--limit hsx-b" in result.output
+
+
+MULTINODE = {
+    # one SGLang server over two containers (node 0 extracts and holds a shard), and a one-node server
+    "big-0": {"hsx_nnodes": 2, "hsx_node_rank": 0, "hsx_dist_init_addr": "10.0.0.11:29500", "hsx_tp_size": 16},
+    "big-1": {"hsx_nnodes": 2, "hsx_node_rank": 1, "hsx_dist_init_addr": "10.0.0.11:29500", "hsx_tp_size": 16},
+    "solo": {},
+}
+
+
+def test_a_server_over_two_nodes_renders_each_nodes_flags_and_one_shard(tmp_path: Path) -> None:
+    inventory = write_inventory(tmp_path / "inventory", MULTINODE)
+    playbook = tmp_path / "render.yml"
+    # the role's own defaults and vars, with what deploy.yml passes to it in between (later files win)
+    passed = tmp_path / "passed.yml"
+    passed.write_text(
+        textwrap.dedent("""\
+        hsx_server_runtime: venv
+        hsx_server_model_path: "{{ hsx_model_path }}"
+        hsx_server_tp_size: "{{ hsx_tp_size }}"
+        hsx_server_nnodes: "{{ hsx_nnodes_effective }}"
+        hsx_server_node_rank: "{{ hsx_node_rank_effective }}"
+        hsx_server_dist_init_addr: "{{ hsx_dist_init_addr_effective }}"
+        hsx_server_config_extra: {num_hidden_layers: 61, architecture: deepseek}
+        """)
+    )
+    role = REPO / "roles" / "hsx_server"
+    playbook.write_text(
+        textwrap.dedent(f"""\
+        - hosts: extraction_containers
+          gather_facts: false
+          vars_files: [{role}/defaults/main.yml, {REPO}/playbooks/vars/deploy.yml, {passed}, {role}/vars/main.yml]
+          tasks:
+            - ansible.builtin.copy:
+                content: "{{{{ {{'server': _hsx_server_config, 'waits': _hsx_server_serves_http | bool,
+                  'shard': hsx_shard_map.get(inventory_hostname)}} | to_json }}}}"
+                dest: "{tmp_path}/{{{{ inventory_hostname }}}}.json"
+                mode: "0644"
+        """)
+    )
+    result = run_playbook(str(playbook), inventory)
+    assert result.rc == 0, result.output
+    rendered = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
+    assert {h: r["shard"] for h, r in rendered.items()} == {"big-0": 0, "big-1": None, "solo": 1}
+    assert {h: (s, 2) for h, s in (("big-0", 0), ("solo", 1))} == package_rule(MULTINODE)
+    assert [rendered[h]["waits"] for h in ("big-0", "big-1", "solo")] == [True, False, True]
+    assert "nnodes" not in rendered["solo"]["server"]
+    code = (
+        "import json, sys; from hsextract.config import SGLangLaunchConfig; "
+        "from hsextract.capture.sglang.launcher import build_command; "
+        "print(json.dumps(build_command(SGLangLaunchConfig.model_validate(json.loads(sys.argv[1])))))"
+    )
+    for rank in (0, 1):
+        server = rendered[f"big-{rank}"]["server"]
+        assert (server["nnodes"], server["node_rank"], server["dist_init_addr"]) == (2, rank, "10.0.0.11:29500")
+        done = subprocess.run([str(PACKAGE_PYTHON), "-c", code, json.dumps(server)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        argv = json.loads(done.stdout)
+        at = argv.index("--nnodes")
+        assert argv[at : at + 6] == ["--nnodes", "2", "--node-rank", str(rank), "--dist-init-addr", "10.0.0.11:29500"]

@@ -34,8 +34,9 @@ TEMP_GLOB = ".*.tmp-*"
 
 
 def assign_shards(hosts: Sequence[str], hostvars: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, int], int]:
-    """Each host's shard index, and the number of shards."""
-    ordered = sorted(hosts)
+    """Each host's shard index, and the number of shards. Nodes 1.. of a multi-node server
+    (``hsx_node_rank`` above 0) extract nothing and get no shard."""
+    ordered = sorted(h for h in hosts if int(hostvars.get(h, {}).get("hsx_node_rank") or 0) == 0)
     explicit_num = [hostvars.get(h, {}).get("hsx_num_shards") for h in ordered]
     given = {int(n) for n in explicit_num if n not in (None, "")}
     if len(given) > 1:
@@ -130,7 +131,10 @@ def fleet_total(statuses: Sequence[HostStatus], targets: Sequence[Target]) -> Fl
     by_name = {t.name: t for t in targets}
     total = FleetTotal()
     for status in statuses:
-        line = shard_progress(status, by_name.get(status.name))
+        target = by_name.get(status.name)
+        if target is not None and target.shard_index is None and target.num_shards is not None:
+            continue  # a node 1.. of a multi-node server: no extractor, no shard
+        line = shard_progress(status, target)
         total.shards.append(line)
         total.settled += line.settled
         total.planned += line.planned

@@ -346,7 +346,7 @@ def targets_from_inventory_json(data: dict[str, Any], group: str = GROUP) -> lis
                 metrics_port=int(hv.get("hsx_metrics_port", defaults.METRICS_PORT)),
                 output_dir=str(hv.get("hsx_output_dir", "/")),
                 dump_dir=str(hv.get("hsx_dump_dir", "/dev/shm")),
-                shard_index=shards[name],
+                shard_index=shards.get(name),
                 num_shards=num_shards,
             )
         )

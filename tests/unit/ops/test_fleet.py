@@ -17,6 +17,8 @@ def test_shards_follow_the_sorted_group_unless_set() -> None:
     hostvars = {"a": {"hsx_num_shards": 3}, "d": {"hsx_shard_index": 1, "hsx_num_shards": 3}, "c": {"hsx_num_shards": 3}}
     assert assign_shards(["a", "c", "d"], hostvars) == ({"a": 0, "c": 2, "d": 1}, 3)
     assert assign_shards(["a", "b"], {"b": {"hsx_shard_index": 0}}) == ({"a": 1, "b": 0}, 2)
+    # node 1 of a two-node server extracts nothing: no shard
+    assert assign_shards(["big-0", "big-1", "solo"], {"big-1": {"hsx_node_rank": 1}}) == ({"big-0": 0, "solo": 1}, 2)
 
 
 @pytest.mark.parametrize(
