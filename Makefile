@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 WORK ?= work
 PYTEST_ARGS ?=
 
-.PHONY: help setup setup-sglang extract test test-fast test-docker lint bench bench-gpu clean
+.PHONY: help setup setup-sglang setup-trainers extract test test-fast test-docker lint bench bench-gpu clean
 
 # Deployment (Ansible) and monitoring targets live in their own files.
 include $(wildcard mk/*.mk)
@@ -37,6 +37,12 @@ setup-sglang: .venv-sglang/.setup-done  ## .venv-sglang: the real sglang 0.5.23 
 	PYTHON=$(PYTHON) scripts/setup-sglang-venv.sh .venv-sglang
 	touch $@
 
+setup-trainers: .venv-trainers/.setup-done  ## .venv-trainers: the released specforge and speculators, for tests/trainers (CPU)
+
+.venv-trainers/.setup-done: scripts/setup-trainers-venv.sh constraints-trainers.txt constraints.txt extractor/pyproject.toml
+	PYTHON=$(PYTHON) TORCH_SPEC="$(TORCH_SPEC)" scripts/setup-trainers-venv.sh .venv-trainers
+	touch $@
+
 extract: setup  ## the main job: on the configured inventory's containers, else the embedded default (tiny DeepSeek-V3 model, sample data)
 ifeq ($(HSX_INVENTORY_CONFIGURED),yes)
 	$(MAKE) ansible-extract
@@ -44,9 +50,10 @@ else
 	WORK=$(WORK) scripts/run-default.sh
 endif
 
-test: setup setup-sglang setup-ansible monitoring-deps  ## everything: package and monitoring tests, SGLang contract, LXC deployment, Docker image
-	$(BIN)/python -m pytest $(PYTEST_ARGS) --ignore=tests/sglang_contract --ignore=tests/deploy tests
+test: setup setup-sglang setup-trainers setup-ansible monitoring-deps  ## everything: package and monitoring tests, SGLang contract, the trainers' own loaders, LXC deployment, Docker image
+	$(BIN)/python -m pytest $(PYTEST_ARGS) --ignore=tests/sglang_contract --ignore=tests/trainers --ignore=tests/deploy tests
 	.venv-sglang/bin/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider tests/sglang_contract
+	.venv-trainers/bin/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider tests/trainers
 	$(MAKE) test-deploy
 	$(MAKE) test-docker
 
@@ -69,4 +76,4 @@ bench-gpu:  ## on a GPU host: the SGLang hook's forward-thread hold time and dum
 	PYTHONPATH=extractor $(or $(GPU_PYTHON),python3) bench/bench_hook_gpu.py --out bench/results-gpu.json
 
 clean:  ## remove the venvs and the default run's files
-	rm -rf $(VENV) .venv-sglang .venv-ansible $(WORK)
+	rm -rf $(VENV) .venv-sglang .venv-trainers .venv-ansible $(WORK)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import socket
 import subprocess
@@ -43,7 +44,17 @@ def test_model_config_json_gives_layers_and_architecture(tmp_path: Path, model_d
     config: dict[str, object] = {"python": "/usr/bin/python3", "model_path": str(model_dir("llama"))}
     argv = shlex.split(launch(tmp_path, config, "--dry-run").stdout)
     ids_at = argv.index("--return-aux-hidden-state-layer-ids")
-    assert argv[ids_at + 1 : ids_at + 4] == ["2", "4", "5"]  # llama adds one itself
+    # the default outputs [1, 3, 4] of 8 layers; llama adds one itself, so they are passed as they are
+    assert argv[ids_at + 1 : ids_at + 4] == ["1", "3", "4"]
+
+
+def test_unknown_model_family_is_refused_with_the_fix(tmp_path: Path) -> None:
+    model = tmp_path / "mistral"
+    model.mkdir()
+    config = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "num_hidden_layers": 32}
+    (model / "config.json").write_text(json.dumps(config))
+    result = launch(tmp_path, {"python": "/usr/bin/python3", "model_path": str(model)}, "--dry-run")
+    assert result.returncode == 2 and "set architecture: deepseek, llama or qwen2" in result.stderr, result.stderr
 
 
 def test_refusals_name_the_setting_and_the_fix(tmp_path: Path) -> None:

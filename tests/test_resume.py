@@ -84,8 +84,9 @@ def test_resume_after_sigkill_equals_uninterrupted_run(model_dir, start_server, 
         a, b = reference_format.read_sample(row), resumed_format.read_sample(row)
         assert a.loss_mask is not None and b.loss_mask is not None
         assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.loss_mask, b.loss_mask)
-        assert torch.allclose(a.aux_hidden_states, b.aux_hidden_states, atol=1e-5)
-        assert torch.allclose(a.final_hidden_state, b.final_hidden_state, atol=1e-5)
+        # stored as bfloat16 (SpecForge's dtype): another batching may move a value across one rounding step
+        assert torch.allclose(a.aux_hidden_states.float(), b.aux_hidden_states.float(), rtol=2**-7, atol=1e-5)
+        assert torch.allclose(a.final_hidden_state.float(), b.final_hidden_state.float(), rtol=2**-7, atol=1e-5)
     assert not [p for p in output.rglob(".*")], "temporary files remain after a finished run"
     assert not any(server.dump_dir.iterdir()), "dumps were left in the dump dir"
 

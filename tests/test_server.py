@@ -15,7 +15,7 @@ def test_health_info_and_generate_shapes(model_dir, start_server) -> None:
     assert httpx.get(server.url + "/health").status_code == 200
     info = httpx.get(server.url + "/server_info").json()
     assert info["num_hidden_layers"] == 8 and info["hidden_size"] == 64 and info["vocab_size"] == 1024
-    assert info["layer_ids"] == [2, 4, 5] and info["capture_indices"] == [3, 5, 6]
+    assert info["layer_ids"] == [1, 3, 4] and info["capture_indices"] == [2, 4, 5]  # the default [1, N//2-1, N-4]
     assert info["architecture"] == "LlamaForCausalLM" and info["dtype"] == "float32"
     rid = make_rid(12, 70)
     body = httpx.post(

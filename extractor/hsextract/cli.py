@@ -8,6 +8,7 @@ Exit codes: 0 success (every row written or recorded as bad input); 1 a fatal st
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
@@ -90,6 +91,8 @@ def _cmd_extract(args: argparse.Namespace) -> int:
         f"({summary.truncated} truncated to max_seq_len {config.max_seq_len})\n"
         f"  took {summary.seconds:.1f} s; details in {summary.output}/data_config.json and errors.jsonl"
     )
+    for line in summary.hints:
+        print(f"  {line}")
     if summary.status is RunStatus.STOPPED:
         print(f"error: {summary.fatal_error}", file=sys.stderr)
         return EXIT_FATAL
@@ -140,6 +143,29 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     return 0 if report.ok else EXIT_FATAL
 
 
+def _cmd_draft_config(args: argparse.Namespace) -> int:
+    from hsextract.extract.drafter import eagle_config_for, read_output_layers, write_eagle_config
+
+    layers = read_output_layers(args.output, args.family)
+    if args.write is None:
+        print(json.dumps({"eagle_config": eagle_config_for(layers)}, indent=2))
+        return 0
+    config = write_eagle_config(layers, args.write)
+    print(f"{args.write}: eagle_config = {json.dumps(config['eagle_config'])}")
+    return 0
+
+
+def _cmd_check_draft(args: argparse.Namespace) -> int:
+    from hsextract.extract.drafter import check_draft, read_output_layers
+
+    result = check_draft(read_output_layers(args.output, args.family), args.draft_config)
+    if result.ok:
+        print(f"OK: {result.message}")
+        return 0
+    print(f"DraftMismatch: {result.message}", file=sys.stderr)
+    return EXIT_FATAL
+
+
 def _cmd_launch_sglang(args: argparse.Namespace) -> int:
     from hsextract.capture.sglang.launcher import launch
 
@@ -184,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="deepseek_v3",
         help="architecture (default: deepseek_v3, as Kimi-K2.5)",
     )
-    tiny.add_argument("--layers", type=int, default=8, help="decoder layers, at least 6 (default: 8)")
+    tiny.add_argument("--layers", type=int, default=8, help="decoder layers, at least 7 (default: 8)")
     tiny.add_argument("--hidden", type=int, default=128, help="hidden size, a multiple of 32 (default: 128)")
     tiny.add_argument("--vocab-size", type=int, default=4096, help="vocabulary size (default: 4096)")
     tiny.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
@@ -217,6 +243,29 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(launcher, SGLangLaunchConfig)
     launcher.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     launcher.set_defaults(func=_cmd_launch_sglang)
+
+    family_help = "model family, when data_config.json records none (deepseek, llama, qwen2)"
+    draft = sub.add_parser(
+        "draft-config",
+        help="the drafter eagle_config that makes SGLang serve the states an output holds",
+        description="Print the eagle_config (eagle_aux_hidden_state_layer_ids) a drafter trained on OUT needs so that "
+        "SGLang serves it on exactly the states OUT holds, or write it into the drafter's config.json.",
+    )
+    draft.add_argument("output", type=Path, help="output directory of hsextract extract")
+    draft.add_argument("--write", type=Path, metavar="FILE", help="set eagle_config in this drafter config.json (atomic)")
+    draft.add_argument("--family", help=family_help)
+    draft.set_defaults(func=_cmd_draft_config)
+
+    check = sub.add_parser(
+        "check-draft",
+        help="exit 1 when SGLang would serve a drafter on other states than an output holds",
+        description="Read the drafter's config.json as SGLang reads it, and compare the states SGLang would capture "
+        "for it with the states OUT holds. Exit 0 when they match, 1 (naming both) when not.",
+    )
+    check.add_argument("output", type=Path, help="output directory of hsextract extract")
+    check.add_argument("--draft-config", type=Path, required=True, metavar="FILE", help="the drafter's config.json")
+    check.add_argument("--family", help=family_help)
+    check.set_defaults(func=_cmd_check_draft)
 
     verify = sub.add_parser("verify", help="re-read an output directory and check every sample and total")
     verify.add_argument("output", type=Path, help="output directory of hsextract extract")

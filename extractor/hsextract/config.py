@@ -18,6 +18,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hsextract.contract import defaults
+from hsextract.contract.layers import DEFAULT_AUX_LAYERS_TEXT
 from hsextract.contract.rids import check_prefix
 from hsextract.errors import ConfigError
 
@@ -48,7 +49,11 @@ class ExtractConfig(_Strict):
     )
     format: Literal["specforge", "speculators"] = Field("specforge", description="output layout")
     layer_ids: list[int] | None = Field(
-        None, description="aux layer ids, 0-based outputs (default: the server's, else [2, N//2, N-3])"
+        None, description=f"aux layer ids, 0-based outputs (default: the server's, else the {DEFAULT_AUX_LAYERS_TEXT})"
+    )
+    architecture: Literal["auto", "deepseek", "llama", "qwen2"] = Field(
+        "auto",
+        description="model family, for the SGLang draft-config value that serves these layers (auto: from config.json)",
     )
     max_seq_len: int = Field(4096, gt=0, description="longer prompts are truncated to this many tokens and counted")
     concurrency: int = Field(8, gt=0, le=1024, description="requests in flight at once")
@@ -95,7 +100,9 @@ class ServeConfig(_Strict):
     port: int = Field(defaults.SERVER_PORT, ge=1, le=65535, description="port to listen on")
     device: Literal["cpu", "cuda"] = Field("cpu", description="where the model runs")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="model dtype (auto: the model's)")
-    layer_ids: list[int] | None = Field(None, description="aux layer ids, 0-based outputs (default [2, N//2, N-3])")
+    layer_ids: list[int] | None = Field(
+        None, description=f"aux layer ids, 0-based outputs (default: the {DEFAULT_AUX_LAYERS_TEXT})"
+    )
     chunked_prefill_size: int = Field(
         2048, description="prompts longer than this are prefilled in chunks on the KV cache (-1: never)"
     )
@@ -130,7 +137,9 @@ class SGLangLaunchConfig(_Strict):
     disable_radix_cache: bool = Field(True, description="must stay true: a cached prefix is never recomputed nor dumped")
     dump_dir: str = Field(defaults.DUMP_DIR, description="dump root (tmpfs) the extractor reads")
     rid_prefix: RidPrefix = Field(defaults.RID_PREFIX, description="only rids <prefix>-<row>-n<tokens> are dumped")
-    layer_ids: list[int] | None = Field(None, description="aux layer ids, 0-based outputs (default [2, N//2, N-3])")
+    layer_ids: list[int] | None = Field(
+        None, description=f"aux layer ids, 0-based outputs (default: the {DEFAULT_AUX_LAYERS_TEXT})"
+    )
     final_prenorm: bool = Field(False, description="also dump the final layer's pre-norm output (speculators format)")
     enable_metrics: bool = Field(True, description="SGLang's own Prometheus /metrics")
     trust_remote_code: bool = Field(True, description="pass --trust-remote-code (Kimi-K2.5 needs it)")

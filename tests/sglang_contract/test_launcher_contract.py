@@ -45,19 +45,28 @@ def test_kimi_command_parses_with_sglang_and_has_every_required_flag() -> None:
 
 def test_capture_indices_come_from_sglangs_own_arithmetic() -> None:
     assert _sglang_method("deepseek") is DeepseekV2ForCausalLM.set_eagle3_layers_to_capture
-    # DeepSeek in 0.5.23 uses the ids as capture indices; llama and qwen2 add one.
+    # DeepSeek in 0.5.23 uses the ids as capture indices unless the first is 1; llama and qwen2 add one.
     assert layer_id_argument("deepseek", [2, 30, 58], 61) == [3, 31, 59]
     assert layer_id_argument("llama", [2, 30, 58], 61) == [2, 30, 58]
     assert layer_id_argument("qwen2", [2, 16, 29], 32) == [2, 16, 29]
     # layer id 0 (capture index 1) hits DeepSeek's "first id is 1 -> add one" rule; ids [0, ...] do too.
-    with pytest.raises(ConfigError, match="no --return-aux-hidden-state-layer-ids value"):
+    with pytest.raises(ConfigError, match=r"no eagle_aux_hidden_state_layer_ids value makes SGLang 0.5.23 \(deepseek\)"):
         layer_id_argument("deepseek", [0, 30, 58], 61)
 
 
 def test_llama_command_parses() -> None:
     config = SGLangLaunchConfig(**{**KIMI, "architecture": "llama", "num_hidden_layers": 32, "layer_ids": None})
     args = parsed(build_command(config))
-    assert list(args.return_aux_hidden_state_layer_ids) == [2, 16, 29]
+    # default outputs [1, 15, 28] = SGLang's default capture [2, 16, 29], asked for with the drafter's value
+    assert list(args.return_aux_hidden_state_layer_ids) == [1, 15, 28]
+
+
+def test_kimi_default_layers_are_the_ecosystem_default() -> None:
+    argv = build_command(SGLangLaunchConfig(**{**KIMI, "layer_ids": None}))
+    args = parsed(argv)
+    assert list(args.return_aux_hidden_state_layer_ids) == [1, 29, 57]  # DeepSeek: first id 1 -> +1
+    hooks = args.forward_hooks if isinstance(args.forward_hooks, list) else json.loads(args.forward_hooks)
+    assert hooks[0]["config"]["layer_ids"] == [1, 29, 57]
 
 
 @pytest.mark.parametrize(

@@ -3,11 +3,14 @@
 Three numberings exist (docs/design-notes.md, "Layer numbering"):
 
 * ``layer_ids`` (0-based): the decoder layer whose *output* is captured. The bundle's own
-  numbering, written in every file.
+  numbering, written in every file. Default aux layers: ``[1, N//2-1, N-4]``.
 * capture index (SGLang ``layers_to_capture``): the residual stream *entering* layer i, so
   ``layer_id + 1``.
 * HF ``hidden_states[i]``: 0 is the embeddings, i is the output of layer i-1, so also
   ``layer_id + 1``; the last entry is the final state after the final norm.
+
+What a *drafter's* ``eagle_aux_hidden_state_layer_ids`` means depends on the serving engine and
+the model family: see :mod:`hsextract.contract.sglang_capture`.
 """
 
 from __future__ import annotations
@@ -16,10 +19,21 @@ from collections.abc import Sequence
 
 from hsextract.errors import ConfigError
 
+#: the default, in words, for --help and messages
+DEFAULT_AUX_LAYERS_TEXT = (
+    "outputs of layers [1, N//2-1, N-4] = transformers hidden_states[2, N//2, N-3], SGLang's and the trainers' default"
+)
+
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """The EAGLE-3 default ``[2, N//2, N-3]`` (what SGLang, vLLM and the Kimi run use)."""
-    ids = [2, num_layers // 2, num_layers - 3]
+    """The ecosystem's EAGLE-3 default: the outputs of layers ``[1, N//2-1, N-4]``.
+
+    These are transformers ``hidden_states[2, N//2, N-3]``: what SGLang 0.5.23 captures with no
+    ids configured (``layers_to_capture = [2, N//2, N-3]``, the streams *entering* those layers),
+    what SpecForge assumes (``resolve_eagle_capture_layers``: ``[1, N//2-1, N-4]``) and what
+    speculators assumes (``target_layer_ids = [2, N//2, N-3]``, the layer entered). A drafter
+    trained on them with a trainer's default configuration is served on the same states."""
+    ids = [1, num_layers // 2 - 1, num_layers - 4]
     if sorted(set(ids)) != ids or ids[0] < 0 or ids[-1] >= num_layers - 1:
         raise ConfigError(
             f"a model with {num_layers} layers has no three distinct default aux layers "

@@ -13,6 +13,7 @@ from hsextract import __version__
 from hsextract.contract.atomic import atomic_write_bytes
 from hsextract.contract.layers import capture_indices, recorded_layer_ids
 from hsextract.contract.states import ErrorKind, RunStatus
+from hsextract.extract.serving_hints import SGLangServing, trainer_settings
 
 if TYPE_CHECKING:
     from hsextract.config import ExtractConfig
@@ -50,11 +51,18 @@ def build_data_config(
     manifest: Manifest,
     rows_in_shard: int,
     status: RunStatus,
+    serving: SGLangServing,
+    computed_dtype: str | None,
 ) -> dict[str, Any]:
     written = manifest.written.values()
     truncated = [s for s in written if s.truncated]
     errors = list(manifest.errors.values())
     previous = read_data_config(config.output) or {}
+    longest = max((s.num_tokens for s in written), default=0)
+    stored_dtype = fmt.stored_dtype or computed_dtype
+    conversion = None
+    if computed_dtype is not None and stored_dtype != computed_dtype:
+        conversion = f"{computed_dtype} -> {stored_dtype} at packing (format {fmt.name}: its trainer runs in {stored_dtype})"
     return {
         "extraction_method": f"hsextract dump hook ({identity.engine})",
         "format": fmt.name,
@@ -70,13 +78,16 @@ def build_data_config(
         "num_hidden_layers": identity.num_layers,
         "hidden_size": identity.hidden_size,
         "vocab_size": identity.vocab_size,
-        "dtype": identity.dtype,
+        "dtype": stored_dtype,
+        "computed_dtype": computed_dtype,
+        "dtype_conversion": conversion,
         "max_seq_len": config.max_seq_len,
         "total_samples": len(manifest.written),
         "total_tokens": sum(s.num_tokens for s in written),
         "total_bytes": sum(s.bytes for s in written),
         "truncated_samples": len(truncated),
         "truncated_tokens": sum(s.original_length - s.num_tokens for s in truncated),
+        "longest_sample_tokens": longest,
         "bad_input_samples": sum(1 for e in errors if e.kind is ErrorKind.BAD_INPUT),
         "failed_samples": sum(1 for e in errors if e.kind is ErrorKind.FAILED),
         "error_counts": dict(sorted(Counter(e.reason for e in errors).items())),
@@ -84,7 +95,13 @@ def build_data_config(
         "shard_index": config.shard_index,
         "num_shards": config.num_shards,
         "status": status.value,
-        "model": {"path": identity.model_path, "num_hidden_layers": identity.num_layers},
+        "model": {
+            "path": identity.model_path,
+            "num_hidden_layers": identity.num_layers,
+            "family": None if serving.family is None else serving.family.value,
+        },
+        "serving": serving.to_json(),
+        "trainer": trainer_settings(fmt.name, serving, longest),
         "engine": identity.engine,
         "dataset": str(Path(config.dataset).resolve()),
         "extractor_version": __version__,

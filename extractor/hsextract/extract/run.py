@@ -21,8 +21,10 @@ from hsextract.config import ExtractConfig
 from hsextract.contract.atomic import is_temp_name
 from hsextract.contract.dumps import Dump, dump_state, read_dump, read_error, remove_dump
 from hsextract.contract.layers import capture_indices, resolve_aux_layer_ids
+from hsextract.contract.model_config import read_model_config
 from hsextract.contract.rids import make_rid
 from hsextract.contract.server_info import ServerInfo
+from hsextract.contract.sglang_capture import ModelFamily, family_of
 from hsextract.contract.states import DumpState, ErrorKind, RunStatus
 from hsextract.errors import (
     BadSampleError,
@@ -42,6 +44,14 @@ from hsextract.extract.formats import OutputFormat, open_format
 from hsextract.extract.manifest import ErrorRecord, Manifest, WrittenSample
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.progress import Progress
+from hsextract.extract.serving_hints import (
+    SPECFORGE_NUM_AUX_LAYERS,
+    TRAINER_DEFAULT_LENGTH,
+    TRAINER_LENGTH_SETTING,
+    SGLangServing,
+    sglang_serving,
+    summary_lines,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +72,8 @@ class RunSummary:
     total_tokens: int
     seconds: float
     fatal_error: str | None = None
+    #: how to serve and train on the output (data_config.json ``serving`` and ``trainer``)
+    hints: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -70,6 +82,9 @@ class Plan:
     todo_rows: int
     todo_tokens: int
     settled: int
+    truncated_rows: int = 0  # rows to extract that are longer than max_seq_len
+    longest_tokens: int = 0  # the longest sample the output will hold (after truncation)
+    over_trainer_default: int = 0  # samples longer than the trainer's default length
 
 
 def sweep_temp_files(root: Path) -> int:
@@ -140,6 +155,7 @@ class Extraction:
                 ("aux_layer_ids", aux),
                 ("hidden_size", identity.hidden_size),
                 ("max_seq_len", cfg.max_seq_len),
+                *((("dtype", fmt.stored_dtype),) if fmt.stored_dtype else ()),
             ):
                 if previous.get(key) != now:
                     raise ConfigError(
@@ -148,6 +164,38 @@ class Extraction:
                     )
         return identity, aux, dump_dir, fmt
 
+    def _serving_and_trainer_guards(self, identity: ServerInfo, aux: list[int], fmt: OutputFormat) -> SGLangServing:
+        """Refuse what the trainer or SGLang would fail on later; the SGLang value for these layers."""
+        cfg = self.config
+        if fmt.name == "specforge" and len(aux) != SPECFORGE_NUM_AUX_LAYERS:
+            raise ConfigError(
+                f"format specforge with {len(aux)} aux layers {aux}: SpecForge's EAGLE-3 draft takes exactly "
+                f"{SPECFORGE_NUM_AUX_LAYERS} (it refuses any other count at its first step); set three layer_ids or use "
+                "--format speculators"
+            )
+        if cfg.architecture != "auto":
+            family: ModelFamily | None = ModelFamily(cfg.architecture)
+        else:
+            family = family_of(read_model_config(identity.model_path)) if identity.model_path else None
+            if family is None:
+                log.warning(
+                    "the model family of %r is unknown here: data_config.json will carry no SGLang draft-config value; "
+                    "set architecture (--architecture deepseek|llama|qwen2) to get it",
+                    identity.model_path,
+                )
+        serving = sglang_serving(family, aux, identity.num_layers)  # ConfigError when SGLang cannot serve them
+        computed = identity.dtype
+        if fmt.stored_dtype is not None and computed is not None and computed != fmt.stored_dtype:
+            log.info(
+                "the server computes %s states; format %s stores them as %s (its trainer runs in %s), recorded in "
+                "data_config.json",
+                computed,
+                fmt.name,
+                fmt.stored_dtype,
+                fmt.stored_dtype,
+            )
+        return serving
+
     def _shard_rows(self) -> Iterator[tuple[int, object]]:
         cfg = self.config
         for row, raw in iter_raw_rows(cfg.dataset):
@@ -155,7 +203,8 @@ class Extraction:
                 yield row, raw
 
     def _plan(self, manifest: Manifest, vocab_size: int) -> Plan:
-        rows = todo = tokens = settled = 0
+        rows = todo = tokens = settled = truncated = 0
+        lengths = [s.num_tokens for s in manifest.written.values()]
         for row, raw in self._shard_rows():
             rows += 1
             if manifest.is_settled(row):
@@ -167,22 +216,55 @@ class Extraction:
                 continue
             todo += 1
             tokens += len(sample.input_ids)
-        return Plan(rows_in_shard=rows, todo_rows=todo, todo_tokens=tokens, settled=settled)
+            truncated += sample.truncated
+            lengths.append(len(sample.input_ids))
+        trainer_default = TRAINER_DEFAULT_LENGTH[self.config.format]
+        return Plan(
+            rows_in_shard=rows,
+            todo_rows=todo,
+            todo_tokens=tokens,
+            settled=settled,
+            truncated_rows=truncated,
+            longest_tokens=max(lengths, default=0),
+            over_trainer_default=sum(1 for n in lengths if n > trainer_default),
+        )
 
-    def _check_disk(self, plan: Plan, identity: ServerInfo, num_aux: int) -> None:
-        per_token = (num_aux + 1) * identity.hidden_size * _DTYPE_BYTES.get(identity.dtype or "bfloat16", 2) + 16
+    def _check_disk(self, plan: Plan, identity: ServerInfo, num_aux: int, fmt: OutputFormat) -> None:
+        stored = fmt.stored_dtype or identity.dtype or "bfloat16"
+        per_token = (num_aux + 1) * identity.hidden_size * _DTYPE_BYTES.get(stored, 2) + 16
         needed = int(plan.todo_tokens * per_token * self.config.disk_headroom)
         free = shutil.disk_usage(self.config.output).free
         self.metrics.planned_tokens.set(plan.todo_tokens)
         log.info(
-            "plan: %d rows in this shard, %d already settled, %d to extract (%d tokens, about %.2f GB; %.2f GB free)",
+            "plan: %d rows in this shard, %d already settled, %d to extract (%d tokens x %d bytes as %s: about %.2f GB; "
+            "%.2f GB free)",
             plan.rows_in_shard,
             plan.settled,
             plan.todo_rows,
             plan.todo_tokens,
+            per_token,
+            stored,
             needed / 1e9,
             free / 1e9,
         )
+        cfg = self.config
+        log.info(
+            "plan: %d of them longer than max_seq_len %d (truncated and counted); the longest sample will have %d tokens",
+            plan.truncated_rows,
+            cfg.max_seq_len,
+            plan.longest_tokens,
+        )
+        if plan.over_trainer_default:
+            log.warning(
+                "plan: %d samples are longer than %s's default %s %d and would lose their tail there: train with %s %d "
+                "(recorded in data_config.json)",
+                plan.over_trainer_default,
+                cfg.format,
+                TRAINER_LENGTH_SETTING[cfg.format],
+                TRAINER_DEFAULT_LENGTH[cfg.format],
+                TRAINER_LENGTH_SETTING[cfg.format],
+                plan.longest_tokens,
+            )
         if needed > free:
             raise DiskSpaceError(
                 f"output {self.config.output} has {free / 1e9:.2f} GB free but this run needs about {needed / 1e9:.2f} GB "
@@ -195,13 +277,14 @@ class Extraction:
         started = time.monotonic()
         cfg = self.config
         identity, aux, dump_dir, fmt = self._preflight()
+        serving = self._serving_and_trainer_guards(identity, aux, fmt)
         cfg.output.mkdir(parents=True, exist_ok=True)
         swept = sweep_temp_files(cfg.output)
         if swept:
             log.info("removed %d temporary files left by an interrupted run", swept)
         manifest = Manifest(cfg.output)
         plan = self._plan(manifest, identity.vocab_size)
-        self._check_disk(plan, identity, len(aux))
+        self._check_disk(plan, identity, len(aux), fmt)
         if cfg.metrics_port:
             self.metrics.serve(cfg.metrics_port, cfg.metrics_host)
             log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, cfg.metrics_port)
@@ -228,7 +311,9 @@ class Extraction:
         manifest.close()
         if status in (RunStatus.COMPLETE, RunStatus.INCOMPLETE):
             fmt.finalize(self._valid_samples(manifest.written, identity.vocab_size), set(manifest.written))
-        data_config = build_data_config(cfg, identity, aux, fmt, manifest, plan.rows_in_shard, status)
+        data_config = build_data_config(
+            cfg, identity, aux, fmt, manifest, plan.rows_in_shard, status, serving, identity.dtype or self._pinned_dtype
+        )
         write_data_config(cfg.output, data_config)
         self.client.close()
         summary = RunSummary(
@@ -244,6 +329,7 @@ class Extraction:
             total_tokens=data_config["total_tokens"],
             seconds=time.monotonic() - started,
             fatal_error=None if self._fatal is None else f"{type(self._fatal).__name__}: {self._fatal}",
+            hints=tuple(summary_lines(serving, data_config["trainer"], cfg.output)),
         )
         return summary
 

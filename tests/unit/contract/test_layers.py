@@ -42,3 +42,15 @@ def test_the_three_numberings_of_the_reference_run() -> None:
     ids = resolve_aux_layer_ids([2, 30, 58], 61)
     assert capture_indices(ids) == [3, 31, 59]  # SGLang layers_to_capture = HF hidden_states index
     assert recorded_layer_ids(ids, 61) == [2, 30, 58, 60]
+
+
+@pytest.mark.parametrize("num_layers", [7, 8, 32, 61, 80])
+def test_default_is_hidden_states_2_half_and_n_minus_3(num_layers: int) -> None:
+    # outputs [1, N//2-1, N-4]: the states SGLang captures with no ids, SpecForge's and speculators' default
+    ids = default_aux_layer_ids(num_layers)
+    assert ids == [1, num_layers // 2 - 1, num_layers - 4]
+    assert capture_indices(ids) == [2, num_layers // 2, num_layers - 3]
+
+
+def test_kimi_default() -> None:
+    assert default_aux_layer_ids(61) == [1, 29, 57]  # SpecForge's DeepSeek-V3 draft config says [1, 29, 57]

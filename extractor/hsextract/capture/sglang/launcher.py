@@ -10,19 +10,29 @@ size. Settings that would corrupt or lose data are refused before anything start
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
 import shlex
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from hsextract.capture.sglang.multinode import OWNED_FLAGS as MULTINODE_FLAGS
 from hsextract.capture.sglang.multinode import multinode_args
 from hsextract.config import SGLangLaunchConfig
-from hsextract.contract.layers import capture_indices, resolve_aux_layer_ids
+from hsextract.contract.layers import resolve_aux_layer_ids
 from hsextract.contract.model_config import read_model_config
+from hsextract.contract.sglang_capture import (
+    SGLANG_MODEL_CLASSES,
+    SGLANG_VERSION,
+    ModelFamily,
+    draft_layer_ids,
+    family_of,
+    layers_to_capture,
+)
 from hsextract.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -54,32 +64,30 @@ _REFUSED_FLAGS = {
 }
 
 
-def _architecture(config: SGLangLaunchConfig, model_config: dict[str, Any]) -> str:
+def _architecture(config: SGLangLaunchConfig, model_config: dict[str, Any]) -> ModelFamily:
     if config.architecture != "auto":
-        return config.architecture
-    names = " ".join([str(model_config.get("model_type", "")), *map(str, model_config.get("architectures") or [])]).lower()
-    for family in ("deepseek", "kimi", "llama", "qwen2"):
-        if family in names:
-            return "deepseek" if family == "kimi" else family
-    raise ConfigError(
-        f"cannot tell the architecture of {config.model_path} (config.json not readable or unknown model_type); "
-        "set architecture: deepseek, llama or qwen2"
-    )
+        return ModelFamily(config.architecture)
+    family = family_of(model_config)
+    if family is None:
+        raise ConfigError(
+            f"cannot tell the model family of {config.model_path} (config.json not readable, or its architectures "
+            f"{model_config.get('architectures')} / model_type {model_config.get('model_type')!r} are not ones whose "
+            "aux-layer numbering is checked); set architecture: deepseek, llama or qwen2"
+        )
+    return family
 
 
-def sglang_capture(architecture: str, layer_id_arg: list[int], num_layers: int) -> list[int]:
-    """``layers_to_capture`` that SGLang sets for ``--return-aux-hidden-state-layer-ids``.
+def sglang_capture(family: ModelFamily | str, layer_ids: Sequence[int] | None, num_layers: int) -> list[int]:
+    """``layers_to_capture`` that the installed SGLang sets for these aux layer ids.
 
-    Uses the installed SGLang's own ``set_eagle3_layers_to_capture`` when it imports; otherwise the
-    rules of the pinned 0.5.23 (DeepSeek: the ids as given, +1 only when the first id is 1;
-    llama/qwen2: always +1)."""
+    Runs SGLang's own ``set_eagle3_layers_to_capture`` when sglang imports; otherwise the pinned
+    0.5.23 rules of :mod:`hsextract.contract.sglang_capture` (a dry run on a machine without SGLang)."""
+    family = ModelFamily(family)
     try:
-        method = _sglang_method(architecture)
+        method = _sglang_method(family)
     except Exception as exc:  # sglang not installed here (a dry run elsewhere): the pinned rules
-        log.debug("sglang not importable (%s); using the 0.5.23 capture rules", exc)
-        if architecture == "deepseek":
-            return [i + 1 for i in layer_id_arg] if layer_id_arg and layer_id_arg[0] == 1 else list(layer_id_arg)
-        return [i + 1 for i in layer_id_arg]
+        log.debug("sglang not importable (%s); using the %s capture rules", exc, SGLANG_VERSION)
+        return layers_to_capture(family, layer_ids, num_layers)
     from types import SimpleNamespace
 
     stand_in = SimpleNamespace(
@@ -88,35 +96,20 @@ def sglang_capture(architecture: str, layer_id_arg: list[int], num_layers: int) 
         model=SimpleNamespace(layers_to_capture=[]),
         capture_aux_hidden_states=False,
     )
-    method(stand_in, list(layer_id_arg))
+    method(stand_in, None if layer_ids is None else list(layer_ids))
     return list(stand_in.model.layers_to_capture)
 
 
-def _sglang_method(architecture: str) -> Any:
-    if architecture == "deepseek":
-        from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM
-
-        return DeepseekV2ForCausalLM.set_eagle3_layers_to_capture
-    if architecture == "llama":
-        from sglang.srt.models.llama import LlamaForCausalLM
-
-        return LlamaForCausalLM.set_eagle3_layers_to_capture
-    from sglang.srt.models.qwen2 import Qwen2ForCausalLM
-
-    return Qwen2ForCausalLM.set_eagle3_layers_to_capture
+def _sglang_method(family: ModelFamily | str) -> Any:
+    module, name = SGLANG_MODEL_CLASSES[ModelFamily(family)]
+    return getattr(importlib.import_module(module), name).set_eagle3_layers_to_capture
 
 
-def layer_id_argument(architecture: str, aux_layer_ids: list[int], num_layers: int) -> list[int]:
-    """The ``--return-aux-hidden-state-layer-ids`` values that make SGLang capture exactly
-    ``aux_layer_ids + 1``, whatever arithmetic this version applies; refuse when none does."""
-    wanted = capture_indices(aux_layer_ids)
-    for candidate in (wanted, list(aux_layer_ids)):
-        if sglang_capture(architecture, candidate, num_layers) == wanted:
-            return candidate
-    raise ConfigError(
-        f"no --return-aux-hidden-state-layer-ids value makes SGLang ({architecture}) capture {wanted} for layer_ids "
-        f"{aux_layer_ids}; choose other layer_ids (a first layer id of 0 collides with SGLang's 'first id 1' rule)"
-    )
+def layer_id_argument(family: ModelFamily | str, aux_layer_ids: list[int], num_layers: int) -> list[int]:
+    """The ``--return-aux-hidden-state-layer-ids`` values that make the installed SGLang capture exactly
+    ``aux_layer_ids + 1``: the same value a drafter's ``eagle_aux_hidden_state_layer_ids`` needs.
+    Refuses (ConfigError) when no value does."""
+    return draft_layer_ids(ModelFamily(family), aux_layer_ids, num_layers, rule=sglang_capture)
 
 
 def _check_extra_args(extra: list[str]) -> None:
@@ -174,8 +167,8 @@ def build_command(config: SGLangLaunchConfig) -> list[str]:
     if not num_layers:
         raise ConfigError(f"the layer count of {config.model_path} is unknown (no readable config.json); set num_hidden_layers")
     aux = resolve_aux_layer_ids(config.layer_ids, int(num_layers))
-    architecture = _architecture(config, model_config)
-    ids_arg = layer_id_argument(architecture, aux, int(num_layers))
+    family = _architecture(config, model_config)
+    ids_arg = layer_id_argument(family, aux, int(num_layers))
     argv = [
         config.python, "-m", "sglang.launch_server",
         "--model-path", config.model_path,

@@ -30,6 +30,8 @@ class OutputFormat(ABC):
     final_norm_applied: bool
     #: whether packing needs the dump's pre-norm final state
     needs_final_prenorm: bool = False
+    #: the dtype the states are stored in; None: as the server computed them
+    stored_dtype: str | None = None
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)

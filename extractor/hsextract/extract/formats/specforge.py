@@ -3,6 +3,12 @@
 ``<out>/rows_<g>-<g+2000>/data_<row>.ckpt``: one ``torch.save`` dict a sample with
 ``input_ids [T]``, ``loss_mask [T]``, ``hidden_state [1,T,H]`` (final, post-norm) and
 ``aux_hidden_state [1,T,K*H]`` (the aux layers concatenated in layer order).
+
+States are stored as bfloat16 whatever dtype the server computed them in: SpecForge's target head
+and draft run in bfloat16, and its target head fails on any other input at the first training step.
+The states are computed in the dtype the target is served in (what a served drafter sees) and
+rounded once at packing, which is what SpecForge's bf16 pipeline keeps of them anyway; the run
+records the conversion in data_config.json (``computed_dtype``, ``dtype_conversion``).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ def _skip_zip_crc() -> None:
 class SpecForgeFormat(OutputFormat):
     name = "specforge"
     final_norm_applied = True
+    stored_dtype = "bfloat16"
 
     def __init__(self, root: Path) -> None:
         super().__init__(root)
@@ -45,11 +52,12 @@ class SpecForgeFormat(OutputFormat):
 
     def write_sample(self, sample: Sample, dump: Dump) -> int:
         tokens = dump.input_ids.shape[0]
-        aux = dump.aux_hidden_states  # [T, K, H] contiguous: its [1, T, K*H] view is the concatenation
+        # [T, K, H] contiguous: its [1, T, K*H] view is the concatenation
+        aux = dump.aux_hidden_states.to(torch.bfloat16).contiguous()
         record = {
             "input_ids": dump.input_ids.to(torch.long),
             "loss_mask": torch.tensor(sample.loss_mask, dtype=torch.long),
-            "hidden_state": dump.final_hidden_state.reshape(1, tokens, -1),
+            "hidden_state": dump.final_hidden_state.to(torch.bfloat16).reshape(1, tokens, -1),
             "aux_hidden_state": aux.reshape(1, tokens, aux.shape[1] * aux.shape[2]),
         }
         path = self.sample_path(sample.row)
