@@ -61,7 +61,17 @@ def test_merge_equals_one_unsharded_run(model_dir, start_server, tmp_path: Path,
     assert verify_output(merged).ok, verify_output(merged).summary()
     config = json.loads((merged / "data_config.json").read_text())
     reference = json.loads((whole / "data_config.json").read_text())
-    for key in ("total_samples", "total_tokens", "truncated_samples", "truncated_tokens", "bad_input_samples", "error_counts"):
+    for key in (
+        "total_samples",
+        "total_tokens",
+        "truncated_samples",
+        "truncated_tokens",
+        "bad_input_samples",
+        "error_counts",
+        "longest_sample_tokens",
+        "trainer",
+        "serving",
+    ):
         assert config[key] == reference[key], key
     assert config["rows_in_shard"] == ROWS and (config["shard_index"], config["num_shards"]) == (0, 1)
     assert config["total_samples"] == ROWS - 1 and config["bad_input_samples"] == 1

@@ -34,7 +34,15 @@ AGREEING_KEYS = (
     "num_shards",
 )
 #: compared only when every shard records them (older outputs do not)
-AGREEING_WHEN_PRESENT = ("dataset_fingerprint", "dataset.fingerprint", "model.fingerprint", "identity.dataset.fingerprint")
+AGREEING_WHEN_PRESENT = (
+    "dataset_fingerprint",
+    "dataset.fingerprint",
+    "model.fingerprint",
+    "identity.dataset.fingerprint",
+    "model.family",
+    "computed_dtype",
+    "serving",
+)
 #: data_config.json totals that the merged output sums
 SUMMED_TOTALS = (
     "total_samples",
@@ -214,6 +222,12 @@ def build_plan(shards: Sequence[ShardOutput]) -> MergePlan:
 def merged_data_config(plan: MergePlan, provenance: list[dict[str, Any]], merged_at: str) -> dict[str, Any]:
     """The merged output's data_config.json: the shards' shared fields, summed totals, provenance."""
     base = dict(plan.shards[0].config)
+    if any("longest_sample_tokens" in s.config for s in plan.shards):
+        # the trainer settings depend on the longest sample only (the rest agrees): take the longest shard's
+        longest = max(plan.shards, key=lambda s: int(s.config.get("longest_sample_tokens", 0)))
+        base["longest_sample_tokens"] = int(longest.config.get("longest_sample_tokens", 0))
+        if "trainer" in longest.config:
+            base["trainer"] = longest.config["trainer"]
     for key in SUMMED_TOTALS:
         base[key] = sum(int(s.config.get(key, 0)) for s in plan.shards)
     counts: Counter[str] = Counter()

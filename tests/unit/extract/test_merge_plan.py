@@ -117,5 +117,17 @@ def test_missing_duplicate_incomplete_and_misplaced_shards_are_refused() -> None
         build_plan([])
 
 
+def test_the_trainer_settings_come_from_the_shard_with_the_longest_sample() -> None:
+    def trainer(longest: int) -> dict[str, Any]:
+        return {"flags": {"--total-seq-len": max(longest, 8192)}, "longest_sample": longest}
+
+    shards = [
+        _shard(0, 2, 6, longest_sample_tokens=900, trainer=trainer(900)),
+        _shard(1, 2, 6, longest_sample_tokens=9000, trainer=trainer(9000)),
+    ]
+    merged = merged_data_config(build_plan(shards), [], "now")
+    assert merged["longest_sample_tokens"] == 9000 and merged["trainer"] == trainer(9000)
+
+
 def test_merge_errors_are_configuration_errors() -> None:
     assert issubclass(MergeError, ConfigError)  # the CLI exits 2: nothing was written
