@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -46,17 +47,19 @@ def containers(request: pytest.FixtureRequest) -> dict[str, Container]:
 
 @pytest.fixture(scope="module")
 def inventory(containers: dict[str, Container], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("fleet-inventory")
+    work = tmp_path_factory.mktemp("fleet")
+    root = work / "inventory"  # the source snapshot beside it, not inside (ansible-inventory reads every file there)
+    root.mkdir()
     example = yaml.safe_load((REPO / "inventory" / "example" / "group_vars" / "all.yml").read_text())
-    shutil.copytree(REPO / "extractor", root / "extractor", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    shutil.copy(REPO / "constraints.txt", root / "constraints.txt")
+    shutil.copytree(REPO / "extractor", work / "extractor", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    shutil.copy(REPO / "constraints.txt", work / "constraints.txt")
     settings = {
         **example,
         **TEST_SETTINGS,
         "hsx_extractor_sample_rows": ROWS,  # the same file in both containers (fixed seed)
         "hsx_container_env_pip_args": ["--no-index", "--find-links", "/srv/wheelhouse"],
-        "hsx_container_env_hsextract_src": str(root / "extractor"),
-        "hsx_container_env_constraints": str(root / "constraints.txt"),
+        "hsx_container_env_hsextract_src": str(work / "extractor"),
+        "hsx_container_env_constraints": str(work / "constraints.txt"),
     }
     (root / "group_vars").mkdir()
     (root / "group_vars" / "all.yml").write_text(yaml.safe_dump(settings, sort_keys=False))
@@ -134,6 +137,12 @@ def test_extract_with_one_container_killed_and_resumed_then_status_and_merge(
     result = run_playbook("playbooks/extract.yml", inventory, "-e", "hsx_extract_wait=true")
     assert result.rc == 0, result.output[-8000:]
     print(f"make extract over two containers, one killed and resumed: {time.monotonic() - started:.0f} s")
+    # the resumed run kept what the killed one had written and did only the rest
+    summary = b.run("journalctl -u hsextract-extract.service -o cat | grep 'written now' | tail -n 1").stdout
+    match = re.search(r"written now (\d+), already done (\d+)", summary)
+    assert match, summary
+    written_now, already_done = int(match.group(1)), int(match.group(2))
+    assert already_done >= partial - 1 and written_now + already_done == ROWS // 2, summary
     configs = {h: json.loads(c.run(f"cat {OUTPUT}/data_config.json").stdout) for h, c in containers.items()}
     assert all(c["status"] == "complete" for c in configs.values())
     assert sum(c["rows_in_shard"] for c in configs.values()) == ROWS
