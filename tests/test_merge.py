@@ -136,6 +136,16 @@ def test_merge_copies_when_asked_and_resumes_after_a_kill(model_dir, start_serve
     assert verify_output(merged).ok
     assert not (merged / MERGE_MARKER).exists()
 
+    # A shard's file replaced since (re-extracted: a new file, a newer time): the next merge takes the new one.
+    source = open_format("speculators", shards[0]).sample_path(0)
+    replacement = source.with_name(".replacement")
+    replacement.write_bytes(source.read_bytes()[::-1])
+    os.replace(replacement, source)
+    os.utime(source, (source.stat().st_atime, source.stat().st_mtime + 10))
+    again = merge_outputs(shards, merged, copy=True)
+    assert (again.copied, again.already_present) == (1, ROWS - 2)
+    assert one.read_bytes() == source.read_bytes()
+
 
 def verify_output_ok(path: Path) -> bool:
     try:

@@ -122,7 +122,10 @@ class _Placer:
     def place(self, src: Path, dst: Path) -> None:
         if dst.exists():
             try:
-                if os.path.samefile(src, dst) or dst.stat().st_size == src.stat().st_size:
+                have, want = dst.stat(), src.stat()
+                # the same file: a link of it, or a copy with its size and modification time (copy2, tar and
+                # rsync keep it); a shard re-extracted since has new files, which replace the old ones here
+                if os.path.samefile(src, dst) or (have.st_size, int(have.st_mtime)) == (want.st_size, int(want.st_mtime)):
                     self.counts["present"] += 1
                     return
             except FileNotFoundError:
@@ -142,7 +145,7 @@ class _Placer:
                 self.counts["linked"] += 1
                 return
         try:
-            shutil.copyfile(src, tmp)
+            shutil.copy2(src, tmp)
             os.replace(tmp, dst)
         except BaseException:
             tmp.unlink(missing_ok=True)
