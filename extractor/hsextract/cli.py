@@ -125,7 +125,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
             raise ConfigError("give either SHARD_OUT directories or --inventory, not both")
         targets = load_inventory(args.inventory, args.ansible_inventory)
         gather_into = None if args.shared else (args.gather_into or args.into.with_name(args.into.name + ".shards"))
-        shards = shard_dirs_from_inventory(targets, gather_into, args.ssh_option)
+        shards = shard_dirs_from_inventory(targets, gather_into, args.ssh_option, args.gather_with)
         for target, path in zip(sorted(targets, key=lambda t: (t.shard_index or 0, t.name)), shards, strict=True):
             print(f"shard {target.shard_index}/{target.num_shards} of {target.name}: {path}")
     elif not shards:
@@ -291,6 +291,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fleet_group.add_argument(
         "--gather-into", type=Path, help="where the outputs are copied over SSH first (default: INTO.shards/<host>)"
+    )
+    fleet_group.add_argument(
+        "--gather-with",
+        choices=["auto", "rsync", "tar"],
+        default="auto",
+        help="how outputs are copied over SSH (auto: rsync when both ends have it, else a tar stream)",
     )
     fleet_group.add_argument("--ansible-inventory", help="the ansible-inventory program (default: found next to python)")
     fleet_group.add_argument(

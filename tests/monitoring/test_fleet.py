@@ -125,11 +125,14 @@ def test_make_status_names_a_lost_shard_as_the_slowest(fleet: Fleet, sshd: SSHSe
 
 
 @pytest.mark.usefixtures("ansible_venv")
-def test_make_merge_gathers_over_ssh_and_merges(fleet: Fleet, sshd: SSHServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("method", ["rsync", "tar"])
+def test_make_merge_gathers_over_ssh_and_merges(fleet: Fleet, sshd: SSHServer, tmp_path: Path, method: str) -> None:
     inventory = fleet_inventory(tmp_path / "inventory", sshd, fleet)
     into = tmp_path / "merged"
-    done = make_status(f"INVENTORY={inventory}", f"MERGE_INTO={into}", f"MERGE_ARGS={SSH_OPTIONS}", target="merge")
+    args = f"MERGE_ARGS={SSH_OPTIONS} --gather-with {method}"
+    done = make_status(f"INVENTORY={inventory}", f"MERGE_INTO={into}", args, target="merge")
     assert done.returncode == 0, done.stdout + done.stderr
+    assert f"({'rsync' if method == 'rsync' else 'tar over ssh'})" in done.stderr
     for shard in fleet.shards:  # fetched copies, not the originals
         fetched = tmp_path / "merged.shards" / f"hsx-{shard.index}"
         assert f"shard {shard.index}/2 of hsx-{shard.index}: {fetched}" in done.stdout
@@ -141,7 +144,7 @@ def test_make_merge_gathers_over_ssh_and_merges(fleet: Fleet, sshd: SSHServer, t
     assert [p["path"] for p in config["merged_from"]] == [str(tmp_path / "merged.shards" / f"hsx-{i}") for i in (0, 1)]
 
     # Rerun (e.g. after one more shard finished): fetched incrementally, merged again, nothing duplicated.
-    again = make_status(f"INVENTORY={inventory}", f"MERGE_INTO={into}", f"MERGE_ARGS={SSH_OPTIONS}", target="merge")
+    again = make_status(f"INVENTORY={inventory}", f"MERGE_INTO={into}", args, target="merge")
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"0 hard-linked, 0 copied, {ROWS} already in place" in again.stdout
 

@@ -201,8 +201,15 @@ def _ssh_argv(target: Target, options: Sequence[str]) -> list[str]:
     return argv
 
 
-def fetch_output(target: Target, dest: Path, ssh_options: Sequence[str] = ()) -> str:
-    """Copy ``target.output_dir`` from its host into ``dest`` (created); returns the method used."""
+GATHER_METHODS = ("auto", "rsync", "tar")
+
+
+def fetch_output(target: Target, dest: Path, ssh_options: Sequence[str] = (), method: str = "auto") -> str:
+    """Copy ``target.output_dir`` from its host into ``dest`` (created); returns the method used.
+
+    ``auto``: rsync when both ends have it, else a tar stream over ssh."""
+    if method not in GATHER_METHODS:
+        raise ConfigError(f"gather method {method!r} is not one of {', '.join(GATHER_METHODS)}")
     if target.host is None:
         raise GatherError(f"{target.name} is this machine: pass its output directory to hsextract merge directly")
     dest.mkdir(parents=True, exist_ok=True)
@@ -220,7 +227,10 @@ def fetch_output(target: Target, dest: Path, ssh_options: Sequence[str] = ()) ->
         )
     if "rc=0" not in probe.stdout:
         raise GatherError(f"{target.name}: {source} holds no hsextract output; check hsx_output_dir of that host")
-    if shutil.which("rsync") and "rsync" in probe.stdout.split("rc=", 1)[1]:
+    both_have_rsync = bool(shutil.which("rsync")) and "rsync" in probe.stdout.split("rc=", 1)[1]
+    if method == "rsync" and not both_have_rsync:
+        raise GatherError(f"{target.name}: rsync is missing here or on {target.host}; install it or use --gather-with tar")
+    if method == "rsync" or (method == "auto" and both_have_rsync):
         command = [
             "rsync", "-a", "--delete", "--exclude", TEMP_GLOB, "-e", shlex.join(ssh[:-1]),
             f"{ssh[-1]}:{source}/", f"{dest}/",
@@ -242,7 +252,7 @@ def fetch_output(target: Target, dest: Path, ssh_options: Sequence[str] = ()) ->
 
 
 def shard_dirs_from_inventory(
-    targets: Sequence[Target], gather_into: Path | None, ssh_options: Sequence[str] = ()
+    targets: Sequence[Target], gather_into: Path | None, ssh_options: Sequence[str] = (), method: str = "auto"
 ) -> list[Path]:
     """Each shard's output: fetched under ``gather_into/<host>`` over SSH, or (None) its path as is (shared FS)."""
     dirs = []
@@ -251,7 +261,7 @@ def shard_dirs_from_inventory(
             dirs.append(Path(target.output_dir))
             continue
         dest = gather_into / target.name
-        fetch_output(target, dest, ssh_options)
+        fetch_output(target, dest, ssh_options, method)
         dirs.append(dest)
     return dirs
 
