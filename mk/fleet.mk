@@ -20,3 +20,16 @@ merge: setup setup-ansible  ## gather the shards' outputs (SSH, or in place with
 	    "for directories on this machine run .venv/bin/hsextract merge SHARD_OUT... --into OUT" >&2; exit 2; fi
 	$(BIN)/hsextract merge --inventory $(_merge_inventory) --ansible-inventory $(ANSIBLE_VENV)/bin/ansible-inventory \
 	  --into $(MERGE_INTO) $(if $(filter yes true 1,$(MERGE_SHARED)),--shared) $(MERGE_ARGS)
+
+# make takeover TAKEOVER_HOST=host TAKEOVER_SHARD=I TAKEOVER_OUTPUT=DIR [HSX_EXTRACT_WAIT=true]
+# finishes shard I of a container lost for good on TAKEOVER_HOST (its own shard done), resuming from what
+# the lost shard wrote, put at TAKEOVER_OUTPUT on that host (playbooks/takeover.yml; docs/fleet.md).
+TAKEOVER_HOST ?=
+TAKEOVER_SHARD ?=
+TAKEOVER_OUTPUT ?=
+
+.PHONY: takeover
+
+takeover: setup-ansible  ## finish a lost container's shard on another: TAKEOVER_HOST= TAKEOVER_SHARD= TAKEOVER_OUTPUT=
+	$(_ANSIBLE_PLAYBOOK) playbooks/takeover.yml --limit "$(TAKEOVER_HOST)" -e hsx_takeover_shard="$(TAKEOVER_SHARD)" \
+	  -e hsx_takeover_output="$(TAKEOVER_OUTPUT)" -e hsx_extract_wait=$(HSX_EXTRACT_WAIT) $(ANSIBLE_ARGS)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -158,3 +159,47 @@ def test_extract_with_one_container_killed_and_resumed_then_status_and_merge(
     assert [p["shard_index"] for p in config["merged_from"]] == [0, 1]
     verify = subprocess.run([str(REPO / ".venv/bin/hsextract"), "verify", str(into)], capture_output=True, text=True)
     assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_a_lost_containers_shard_is_finished_on_the_other_one(
+    deployed: None, containers: dict[str, Container], inventory: Path, tmp_path: Path
+) -> None:
+    """fleet-b is lost for good; what it wrote (as last gathered: all but its last 30 rows) goes to fleet-a,
+    whose own shard is done, and `make takeover` finishes shard 1 there without redoing a row."""
+    a, b = containers["fleet-a"], containers["fleet-b"]
+    taken = "/var/lib/hsextract/takeover-1"
+    send = shlex.join(b.ssh_argv(f"tar -C {OUTPUT} -cf - ."))
+    receive = shlex.join(a.ssh_argv(f"mkdir -p {taken} && tar -C {taken} -xf -"))
+    subprocess.run(f"{send} | {receive}", shell=True, check=True, timeout=120)
+    drop = (
+        "import json, os; d = '" + taken + "'; lines = open(d + '/samples.jsonl').read().splitlines(); "
+        "[os.unlink(os.path.join(d, json.loads(l)['file'])) for l in lines[-30:]]; "
+        "open(d + '/samples.jsonl', 'w').write(''.join(l + '\\n' for l in lines[:-30])); "
+        "os.unlink(d + '/data_config.json')"
+    )
+    a.run(f"python3 -c {shlex.quote(drop)}")
+    started = time.monotonic()
+    done = make(
+        "takeover", f"INVENTORY={inventory}", "TAKEOVER_HOST=fleet-a", "TAKEOVER_SHARD=1", f"TAKEOVER_OUTPUT={taken}",
+        "HSX_EXTRACT_WAIT=true",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    print(f"make takeover of 30 rows: {time.monotonic() - started:.0f} s")
+    summary = a.run("journalctl -u hsextract-takeover-1.service -o cat | grep 'written now' | tail -n 1").stdout
+    assert f"written now 30, already done {ROWS // 2 - 30}" in summary, summary
+    config = json.loads(a.run(f"cat {taken}/data_config.json").stdout)
+    assert (config["shard_index"], config["num_shards"], config["status"]) == (1, 2, "complete")
+
+    # fleet-a's own shard and the taken-over one merge into the whole dataset
+    local = {}
+    for name, source in (("shard0", OUTPUT), ("shard1", taken)):
+        local[name] = tmp_path / name
+        local[name].mkdir()
+        fetch = shlex.join(a.ssh_argv(f"tar -C {source} -cf - ."))
+        subprocess.run(f"{fetch} | tar -C {local[name]} -xf -", shell=True, check=True, timeout=120)
+    into = tmp_path / "merged"
+    hsextract = str(REPO / ".venv/bin/hsextract")
+    merged = subprocess.run([hsextract, "merge", str(local["shard0"]), str(local["shard1"]), "--into", str(into)],
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert merged.returncode == 0, merged.stdout + merged.stderr
+    assert json.loads((into / "data_config.json").read_text())["total_samples"] == ROWS
