@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 WORK ?= work
 PYTEST_ARGS ?=
 
-.PHONY: help setup setup-sglang setup-trainers extract test test-fast test-docker lint bench bench-gpu clean
+.PHONY: help setup setup-sglang setup-trainers extract test test-fast test-docker lint bench bench-gpu bench-gpu-e2e clean
 
 # Deployment (Ansible) and monitoring targets live in their own files.
 include $(wildcard mk/*.mk)
@@ -74,6 +74,10 @@ bench: setup  ## benchmarks; writes bench/results.json
 
 bench-gpu:  ## on a GPU host: the SGLang hook's forward-thread hold time and dump rate; writes bench/results-gpu.json
 	PYTHONPATH=extractor $(or $(GPU_PYTHON),python3) bench/bench_hook_gpu.py --out bench/results-gpu.json
+
+# BENCH_ARGS e.g. "--disk-dir /data/scratch --tmpfs-dir /dev/shm" (about 60 GB free on each; it checks first)
+bench-gpu-e2e:  ## on a GPU host: serve + extract of an 8B-shaped model against its own forward; writes bench/results-gpu-e2e.json
+	PYTHONPATH=extractor $(or $(GPU_PYTHON),python3) bench/bench_gpu_e2e.py --out bench/results-gpu-e2e.json $(BENCH_ARGS)
 
 clean:  ## remove the venvs and the default run's files
 	rm -rf $(VENV) .venv-sglang .venv-trainers .venv-ansible $(WORK)

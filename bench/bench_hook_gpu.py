@@ -5,7 +5,8 @@ No SGLang: ``HiddenStateDumper`` is built directly and ``on_logits`` gets a stan
 ``[n, 3H]`` (DeepSeek) and as a list of 3 ``[n, H]``. For each form, after one batch read back and compared:
 1. hold: host time of ``on_logits`` (no sync), a simulated forward (bf16 matmuls, ~--forward-ms, default
    stream) between batches so the side-stream copy and the writer overlap compute; that forward's GPU
-   time (CUDA events) with the hook over without; medians of ``pool.acquire``, ``_copy``, ``sink.submit``.
+   time (CUDA events) with the hook over without; medians of ``pool.acquire``,
+   ``HostCopier._copy_on_side_stream``, ``sink.submit``.
 2. sustained: --batches batches back to back, then ``sink.flush()``: hidden.safetensors bytes over the
    wall time; the writer's time in ``write_dump``. A cleaner thread deletes finished dumps as they appear.
 3. naive: ``hidden.cpu()`` + ``aux.cpu()`` + ``input_ids.cpu()`` (pageable, synchronous).
@@ -108,8 +109,8 @@ class Probe:
     def __init__(self, dumper: HiddenStateDumper) -> None:
         self.last, self.total, self._originals = dict[str, float](), dict[str, float](), list[tuple[Any, str, Any]]()
         for name, owner, attr in (
-            ("acquire", dumper.pool, "acquire"),
-            ("copy_launch", dumper, "_copy"),
+            ("acquire", dumper.copier.pool, "acquire"),
+            ("copy_launch", dumper.copier, "_copy_on_side_stream"),
             ("submit", dumper.sink, "submit"),
             ("write", dump_sink, "write_dump"),
         ):

@@ -133,3 +133,42 @@ def test_meta_and_files_follow_the_contract(tmp_path: Path) -> None:
     assert meta["dtype"] == "bfloat16" and meta["hidden_size"] == H and meta["num_aux_layers"] == K
     assert meta["capture_indices"] == [3, 5, 6]
     sink.close()
+
+
+def test_parallel_writers_complete_each_batch_once_after_its_dumps(tmp_path: Path) -> None:
+    sink = DumpSink(tmp_path, DumpSource("test", "0", "model", [2, 4, 5], [3, 5, 6]), writers=3, queue_size=2)
+    completed: list[int] = []
+    released: list[int] = []
+    missing: list[str] = []
+
+    def on_complete(index: int, rids: list[str]) -> None:
+        missing.extend(r for r in rids if not (tmp_path / r / "done").exists())
+        completed.append(index)
+
+    for index in range(12):
+        rids = [make_rid(index * 3 + k, 4) for k in range(3)]
+        ids, aux, final = rows(12, float(index * 100))
+        batch = ExtendBatch([Segment(rid, 0, 4 * k, 4) for k, rid in enumerate(rids)], ids, aux, final)
+        batch.release = lambda index=index: released.append(index)
+        batch.on_complete = lambda index=index, rids=rids: on_complete(index, rids)
+        sink.submit(batch)
+    sink.flush()
+    assert sorted(completed) == sorted(released) == list(range(12)) and not missing
+    dump = read_dump(tmp_path / make_rid(7 * 3 + 2, 4))
+    assert torch.equal(dump.final_hidden_state, rows(12, 700.0)[2][8:12])
+    assert sink.clock.counts()["dump_write"] == 36 and sink.dumps_failed == 0
+    sink.close()
+
+
+def test_only_segments_that_ask_get_the_pre_norm_state(tmp_path: Path) -> None:
+    sink = make_sink(tmp_path)
+    ids, aux, final = rows(6, 0.0)
+    prenorm = final + 0.5
+    plain, asked = make_rid(1, 3), make_rid(2, 3)
+    segments = [Segment(plain, 0, 0, 3, final_prenorm=False), Segment(asked, 0, 3, 3, final_prenorm=True)]
+    sink.submit(ExtendBatch(segments, ids, aux, final, final_prenorm=prenorm))
+    sink.flush()
+    assert read_dump(tmp_path / plain).final_prenorm_hidden_state is None
+    got = read_dump(tmp_path / asked).final_prenorm_hidden_state
+    assert got is not None and torch.equal(got, prenorm[3:6])
+    sink.close()

@@ -40,6 +40,17 @@ def test_dry_run_prints_the_full_command(tmp_path: Path) -> None:
     assert argv[ids_at + 1 : ids_at + 4] == ["3", "31", "59"]  # DeepSeek in 0.5.23 takes capture indices
 
 
+def test_custom_all_reduce_is_disabled_only_when_asked(tmp_path: Path) -> None:
+    default = shlex.split(launch(tmp_path, KIMI, "--dry-run").stdout)
+    assert "--disable-custom-all-reduce" not in default
+    result = launch(tmp_path, {**KIMI, "disable_custom_all_reduce": True}, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert shlex.split(result.stdout).count("--disable-custom-all-reduce") == 1
+    # the key is the one place to set it: the flag through extra_args is refused and the key named
+    result = launch(tmp_path, {**KIMI, "extra_args": ["--disable-custom-all-reduce"]}, "--dry-run")
+    assert result.returncode == 2 and "use the config key disable_custom_all_reduce" in result.stderr, result.stderr
+
+
 def test_model_config_json_gives_layers_and_architecture(tmp_path: Path, model_dir) -> None:
     config: dict[str, object] = {"python": "/usr/bin/python3", "model_path": str(model_dir("llama"))}
     argv = shlex.split(launch(tmp_path, config, "--dry-run").stdout)

@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import torch
+from prometheus_client.parser import text_string_to_metric_families
 
+from hsextract.contract.dumps import read_dump
 from hsextract.contract.rids import make_rid
 
 
@@ -50,3 +53,47 @@ def test_only_extractor_rids_are_dumped_and_never_outside_the_dump_dir(model_dir
     server.engine.sink.flush()
     assert [p.name for p in (tmp_path / "dumps").iterdir()] == [make_rid(1, 3)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dumps"]
+
+
+def generate(url: str, rid: str, ids: list[int], **extra: object) -> httpx.Response:
+    return httpx.post(url + "/generate", json={"input_ids": ids, "rid": rid, "sampling_params": {"max_new_tokens": 0}, **extra})
+
+
+def test_a_request_is_answered_once_its_dump_is_written(model_dir, start_server) -> None:
+    server = start_server(model_dir("llama"), chunked_prefill_size=32)
+    for row, n in ((1, 20), (2, 75)):  # one whole prompt, one prefilled in three chunks
+        rid = make_rid(row, n)
+        assert generate(server.url, rid, list(range(n))).status_code == 200
+        assert (server.dump_dir / rid / "done").exists()  # no flush: the answer waited for the dump
+
+
+def test_the_pre_norm_state_is_dumped_only_for_requests_that_ask(model_dir, start_server) -> None:
+    server = start_server(model_dir("llama"), chunked_prefill_size=32)
+    assert httpx.get(server.url + "/server_info").json()["final_prenorm_per_request"] is True
+    plain, asked, chunked = make_rid(1, 10), make_rid(2, 10), make_rid(3, 40)
+    assert generate(server.url, plain, list(range(10))).status_code == 200
+    assert generate(server.url, asked, list(range(10)), hsextract_final_prenorm=True).status_code == 200
+    assert generate(server.url, chunked, list(range(40)), hsextract_final_prenorm=True).status_code == 200
+    assert read_dump(server.dump_dir / plain).final_prenorm_hidden_state is None
+    with_prenorm = read_dump(server.dump_dir / asked)
+    assert with_prenorm.final_prenorm_hidden_state is not None and with_prenorm.final_prenorm_hidden_state.shape == (10, 64)
+    assert not torch.equal(with_prenorm.final_prenorm_hidden_state, with_prenorm.final_hidden_state)
+    chunked_dump = read_dump(server.dump_dir / chunked)
+    assert chunked_dump.meta.extend_passes == 2 and chunked_dump.final_prenorm_hidden_state is not None
+    bad = generate(server.url, make_rid(4, 3), [1, 2, 3], hsextract_final_prenorm="yes")
+    assert bad.status_code == 400 and "hsextract_final_prenorm" in bad.json()["error"]["message"]
+
+
+def test_metrics_show_where_the_server_spends_its_time(model_dir, start_server) -> None:
+    server = start_server(model_dir("llama"))
+    for row in range(3):
+        generate(server.url, make_rid(row, 30), list(range(30)))
+    text = httpx.get(server.url + "/metrics").text
+    values = {(s.name, s.labels.get("stage")): s.value for family in text_string_to_metric_families(text) for s in family.samples}
+    for stage in ("queue", "launch", "forward", "dump_write"):
+        assert values[("hsextract_server_stage_seconds_count", stage)] >= 1, stage
+        assert values[("hsextract_server_stage_seconds_sum", stage)] > 0, stage
+    assert values[("hsextract_server_dumps_total", None)] == 3
+    assert values[("hsextract_server_tokens_total", None)] >= 90  # the health checks forward a token each
+    assert values[("hsextract_server_padded_tokens_total", None)] >= values[("hsextract_server_tokens_total", None)]
+    assert values[("hsextract_server_dump_bytes_total", None)] == 3 * 30 * (8 + 4 * 64 * 4)  # ids + (K+1) fp32 states

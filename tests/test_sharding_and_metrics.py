@@ -65,3 +65,18 @@ def test_metrics_are_served_and_match_the_output(model_dir, start_server, tmp_pa
     assert values[("hsextract_server_up", ())] == 1
     assert values[("hsextract_shm_total_bytes", ())] > 0 and values[("hsextract_disk_free_bytes", ())] > 0
     assert values[("hsextract_running", ())] == 0
+    for stage in ("request", "wait_dump", "verify", "pack"):  # where each sample's time went
+        assert values[("hsextract_stage_seconds_count", (("stage", stage),))] == 5, stage
+        assert values[("hsextract_stage_seconds_sum", (("stage", stage),))] > 0, stage
+    assert metrics.stage_totals()["pack"] == values[("hsextract_stage_seconds_sum", (("stage", "pack"),))]
+
+
+def test_a_specforge_run_never_has_the_server_dump_the_pre_norm_state(model_dir, start_server, tmp_path: Path) -> None:
+    server = start_server(model_dir("llama"))
+    dataset = make_sample_data(tmp_path / "data.jsonl", num=4, vocab_size=1024, max_len=60)
+    run_extraction(server.url, dataset, tmp_path / "out")
+    tokens = json.loads((tmp_path / "out" / "data_config.json").read_text())["total_tokens"]
+    served = text_string_to_metric_families(httpx.get(server.url + "/metrics").text)
+    dumped = next(s.value for f in served for s in f.samples if s.name == "hsextract_server_dump_bytes_total")
+    # input ids and 3 aux + the final state in float32, hidden 64: no fifth [T, H] tensor went to /dev/shm
+    assert dumped == tokens * (8 + 4 * 64 * 4)

@@ -56,7 +56,12 @@ class ExtractConfig(_Strict):
         description="model family, for the SGLang draft-config value that serves these layers (auto: from config.json)",
     )
     max_seq_len: int = Field(4096, gt=0, description="longer prompts are truncated to this many tokens and counted")
-    concurrency: int = Field(8, gt=0, le=1024, description="requests in flight at once")
+    concurrency: int = Field(
+        256, gt=0, le=1024, description="requests in flight at once (the server batches among those waiting)"
+    )
+    sort_window: int = Field(
+        2048, gt=0, description="rows read ahead and sent shortest first, so batches carry little padding (1: dataset order)"
+    )
     metrics_port: int | None = Field(None, ge=0, le=65535, description="serve Prometheus metrics on this port (0 or unset: off)")
     metrics_host: str = Field("0.0.0.0", description="address the metrics endpoint binds to")
     shard_index: int = Field(0, ge=0, description="this node's slice: rows with row %% num_shards == shard_index")
@@ -108,7 +113,11 @@ class ServeConfig(_Strict):
     )
     max_batch_tokens: int = Field(8192, gt=0, description="token budget of one batched forward (padded)")
     rid_prefix: RidPrefix = Field(defaults.RID_PREFIX, description="only rids <prefix>-<row>-n<tokens> are dumped")
-    dump_queue_size: int = Field(8, gt=0, description="extend batches waiting for the dump writer before forwards block")
+    dump_queue_size: int = Field(8, gt=0, description="extend batches waiting for the dump writers before forwards block")
+    dump_writers: int = Field(4, gt=0, le=64, description="threads writing dumps in parallel")
+    batch_window: int = Field(
+        1024, gt=0, description="oldest waiting prompts a batch is chosen from (length-sorted around the oldest)"
+    )
 
     @field_validator("chunked_prefill_size")
     @classmethod
@@ -141,9 +150,15 @@ class SGLangLaunchConfig(_Strict):
         None, description=f"aux layer ids, 0-based outputs (default: the {DEFAULT_AUX_LAYERS_TEXT})"
     )
     final_prenorm: bool = Field(False, description="also dump the final layer's pre-norm output (speculators format)")
+    disable_custom_all_reduce: bool = Field(
+        False,
+        description="pass --disable-custom-all-reduce: NCCL all-reduce only. Custom all-reduce needs CUDA IPC between "
+        "the GPUs, which an LXC container's device passthrough may not allow; keep it on (false) on bare metal with NVLink",
+    )
     enable_metrics: bool = Field(True, description="SGLang's own Prometheus /metrics")
     trust_remote_code: bool = Field(True, description="pass --trust-remote-code (Kimi-K2.5 needs it)")
-    hook_queue_size: int = Field(4, gt=0, description="extend batches waiting for the dump writer before the forward waits")
+    hook_queue_size: int = Field(4, gt=0, description="extend batches waiting for the dump writers before the forward waits")
+    hook_dump_writers: int = Field(4, gt=0, le=64, description="threads of the hook writing dumps in parallel")
     extra_args: list[str] = Field(default_factory=list, description="further SGLang flags, checked against the refused list")
     nnodes: int = Field(1, gt=0, description="nodes one server spans (SGLang --nnodes); tp_size counts all their GPUs")
     node_rank: int = Field(0, ge=0, description="this node's rank, 0..nnodes-1; node 0 serves HTTP and writes the dumps")

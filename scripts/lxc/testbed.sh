@@ -3,18 +3,21 @@
 #
 #   scripts/lxc/testbed.sh rootfs          build (once) the cached bookworm rootfs tarball
 #   scripts/lxc/testbed.sh wheelhouse      download (once) the wheels the container's ml-env needs
-#   scripts/lxc/testbed.sh up              create and start the container; prints KEY=VALUE lines
+#   scripts/lxc/testbed.sh up              create and start the container; prints KEY=VALUE lines, among
+#                                          them HSX_LXC_PCT: a `pct` stand-in (scripts/lxc/pct) for its VMID
 #   scripts/lxc/testbed.sh down            stop and remove it (idempotent; always safe to call)
 #
 # Environment: HSX_LXC_NAME (container name), HSX_LXC_DIR (its state directory, removed by down),
 # HSX_LXC_NET (first three octets of its /30, e.g. 10.197.77), HSX_LXC_SHM (the container's
-# /dev/shm size, as Proxmox sets it), HSX_CI_CACHE (cache for rootfs and wheels).
+# /dev/shm size, as Proxmox sets it), HSX_LXC_VMID (the VMID the pct stand-in answers to, default 101),
+# HSX_CI_CACHE (cache for rootfs and wheels).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 NAME=${HSX_LXC_NAME:-hsx-deploy-test}
 DIR=${HSX_LXC_DIR:-/var/tmp/$NAME}
 NET=${HSX_LXC_NET:-10.197.77}
 SHM=${HSX_LXC_SHM:-64m}
+VMID=${HSX_LXC_VMID:-101}
 CACHE=${HSX_CI_CACHE:-/var/cache/hsextract-ci}
 MIRROR=${HSX_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 TORCH_SPEC=${HSX_TORCH_SPEC:-torch==2.13.0}
@@ -88,6 +91,21 @@ up() {
   for unit in systemd-udevd.service systemd-udevd-control.socket systemd-udevd-kernel.socket getty@tty1.service; do
     ln -sf /dev/null "$DIR/rootfs/etc/systemd/system/$unit"
   done
+  # The host side of the veth is made again at every start (a reboot too): address it from LXC's up hook,
+  # as a Proxmox bridge port would be attached again.
+  cat >"$DIR/net-up" <<HOOK
+#!/bin/sh
+ip addr replace $HOST_IP/30 dev "\${LXC_NET_PEER:-$VETH}"
+ip link set "\${LXC_NET_PEER:-$VETH}" up
+HOOK
+  chmod 0755 "$DIR/net-up"
+  # The pct stand-in for this container (tests/deploy's "Proxmox host" is this machine).
+  mkdir -p "$DIR/bin"
+  cat >"$DIR/bin/pct" <<PCT
+#!/bin/sh
+HSX_PCT_VMID=$VMID HSX_LXC_NAME=$NAME HSX_LXC_DIR=$DIR HSX_PCT_LOG=$DIR/pct.log exec $REPO/scripts/lxc/pct "\$@"
+PCT
+  chmod 0755 "$DIR/bin/pct"
   cat >"$DIR/config" <<CONF
 lxc.uts.name = $NAME
 lxc.rootfs.path = dir:$DIR/rootfs
@@ -100,6 +118,7 @@ lxc.net.0.flags = up
 lxc.net.0.name = eth0
 lxc.net.0.ipv4.address = $GUEST_IP/30
 lxc.net.0.ipv4.gateway = $HOST_IP
+lxc.net.0.script.up = $DIR/net-up
 # /dev/shm as Proxmox sets it (deliberately smaller than the role wants: the role remounts it)
 lxc.mount.entry = tmpfs dev/shm tmpfs rw,nosuid,nodev,size=$SHM,create=dir 0 0
 lxc.mount.entry = $WHEELHOUSE srv/wheelhouse none bind,ro,create=dir 0 0
@@ -108,8 +127,6 @@ CONF
   mv "$DIR/config" "$DIR/lxc/$NAME/config"
   log "starting container $NAME ($GUEST_IP)"
   lxc-start -P "$DIR/lxc" -n "$NAME" -d -l INFO -o "$DIR/lxc.log"
-  ip addr add "$HOST_IP/30" dev "$VETH"
-  ip link set "$VETH" up
   local deadline=$((SECONDS + 90))
   # shellcheck disable=SC2046
   until ssh $(ssh_opts) "root@$GUEST_IP" 'systemctl is-system-running --wait >/dev/null 2>&1; systemctl is-system-running' >"$DIR/state" 2>/dev/null \
@@ -129,6 +146,9 @@ HSX_LXC_DIR=$DIR
 HSX_LXC_IP=$GUEST_IP
 HSX_LXC_KEY=$DIR/id_ed25519
 HSX_LXC_WHEELHOUSE=/srv/wheelhouse
+HSX_LXC_VMID=$VMID
+HSX_LXC_PCT=$DIR/bin/pct
+HSX_LXC_PCT_LOG=$DIR/pct.log
 OUT
 }
 

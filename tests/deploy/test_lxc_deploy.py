@@ -1,6 +1,7 @@
 """deploy.yml, restart.yml and extract.yml against a real LXC system container (embedded runtime, tiny model).
 
-The tests run in file order and share one container and one deployment.
+The tests run in file order and share one container and one deployment (conftest's `deployed`); the second
+deploy.yml run, which must change nothing, is the last test of test_lxc_incidents.py (after a reboot).
 """
 
 from __future__ import annotations
@@ -9,37 +10,17 @@ import json
 import re
 import time
 
-import pytest
-
-from .conftest import SHM_EXPECTED_MB, TEST_SETTINGS, Container, run_playbook
-
-PORT = 30000
-
-
-@pytest.fixture(scope="module")
-def deployed(container, inventory):
-    started = time.monotonic()
-    result = run_playbook("deploy.yml", inventory)
-    assert result.rc == 0, "deploy.yml failed:\n" + result.output[-8000:]
-    recap = result.recap()
-    assert recap["lxc-test"]["failed"] == 0 and recap["lxc-test"]["changed"] > 0, recap
-    print(f"first deploy.yml run: {time.monotonic() - started:.0f} s")
-    return result
-
-
-def _main_pid(container: Container) -> int:
-    pid = int(container.run("systemctl show -p MainPID --value hsextract-server.service").stdout.strip())
-    assert pid > 0, "hsextract-server has no main process"
-    return pid
-
-
-def _health(container: Container) -> int:
-    probe = (
-        "python3 -c 'import urllib.request as u, sys\n"
-        'try:\n print(u.urlopen("http://127.0.0.1:%d/health_generate", timeout=30).status)\n'
-        'except Exception as e:\n print(getattr(e, "code", -1))\''.replace("%d", str(PORT))
-    )
-    return int(container.run(probe).stdout.strip())
+from .conftest import (
+    PORT,
+    SHM_EXPECTED_MB,
+    TEST_SETTINGS,
+    Container,
+    assert_nccl_env_of_the_server,
+    http_status,
+    pve_conf,
+    run_playbook,
+    server_main_pid,
+)
 
 
 def test_deploy_ends_with_instructions(deployed):
@@ -47,12 +28,12 @@ def test_deploy_ends_with_instructions(deployed):
     assert "/metrics" in deployed.output
 
 
-def test_second_deploy_changes_nothing(deployed, inventory):
-    result = run_playbook("deploy.yml", inventory)
-    assert result.rc == 0, result.output[-8000:]
-    assert result.recap()["lxc-test"]["changed"] == 0, "second run changed something:\n" + "\n".join(
-        line for line in result.output.splitlines() if line.startswith("changed:")
-    )
+def test_proxmox_side_wrote_the_config_and_rebooted_through_pct(deployed, container, inventory):
+    conf = (inventory.parent / "pve-lxc" / f"{container.vmid}.conf").read_text().splitlines()
+    want = f"lxc.mount.entry: tmpfs dev/shm tmpfs rw,nosuid,nodev,size={SHM_EXPECTED_MB}M,create=dir 0 0"
+    assert conf == [line for line in pve_conf(container).splitlines() if "dev/shm" not in line] + [want]
+    # the handler asked pct (the stand-in: lxc-info, lxc-stop + lxc-start) and the container really rebooted
+    assert container.pct_calls() == [f"status {container.vmid}", f"reboot {container.vmid}"]
 
 
 def test_unit_is_active_and_runs_the_ml_env(deployed, container):
@@ -62,26 +43,14 @@ def test_unit_is_active_and_runs_the_ml_env(deployed, container):
     assert "serve --config /etc/hsextract/serve.yaml" in exec_start, exec_start
     pre = container.run("systemctl show -p ExecStartPre --value hsextract-server.service").stdout
     assert f"/usr/bin/fuser -k -n tcp {PORT}" in pre, pre
-    cmdline = container.run(f"tr '\\0' '\\n' < /proc/{_main_pid(container)}/cmdline").stdout.split("\n")
+    assert pre.index("/usr/local/lib/hsextract/hsextract-server-check") < pre.index("/usr/bin/fuser"), pre
+    cmdline = container.run(f"tr '\\0' '\\n' < /proc/{server_main_pid(container)}/cmdline").stdout.split("\n")
     assert cmdline[0].startswith("/opt/ml-env/bin/python"), cmdline
     assert cmdline[1:3] == ["/opt/ml-env/bin/hsextract", "serve"], cmdline
 
 
 def test_nccl_variables_reach_the_server_process(deployed, container):
-    environ = container.run(f"tr '\\0' '\\n' < /proc/{_main_pid(container)}/environ").stdout.splitlines()
-    for key, value in TEST_SETTINGS.get("hsx_nccl_env", {}).items() or _example_nccl().items():
-        assert f"{key}={value}" in environ, f"{key}={value} not in the server's environment: {environ}"
-    etc_environment = container.run("cat /etc/environment").stdout
-    for key, value in _example_nccl().items():
-        assert f"{key}={value}" in etc_environment.splitlines()
-
-
-def _example_nccl() -> dict[str, str]:
-    import yaml
-
-    from .conftest import REPO
-
-    return yaml.safe_load((REPO / "inventory/example/group_vars/all.yml").read_text())["hsx_nccl_env"]
+    assert_nccl_env_of_the_server(container)
 
 
 def test_dev_shm_has_the_size_asked(deployed, container):
@@ -92,7 +61,7 @@ def test_dev_shm_has_the_size_asked(deployed, container):
 
 
 def test_health_generate_answers_200(deployed, container):
-    assert _health(container) == 200
+    assert http_status(container) == 200
 
 
 def test_restart_reclaims_a_port_held_by_a_stray_process(deployed, container, inventory):
@@ -106,13 +75,18 @@ def test_restart_reclaims_a_port_held_by_a_stray_process(deployed, container, in
         time.sleep(0.2)
     assert stray, f"the stray process never held port {PORT}"
     stray_pid = int(stray.split()[0])
+    pct_calls = container.pct_calls()
     result = run_playbook("playbooks/restart.yml", inventory)
     assert result.rc == 0, result.output[-8000:]
+    # SSH answers: the plain path, no pct; and it says what it killed
+    assert container.pct_calls() == pct_calls, "restart.yml went through pct although SSH answered"
+    assert "restarted hsextract-server over SSH (the plain path" in result.flat
+    assert f"killed by the unit's ExecStartPre (fuser -k): {stray_pid} python3 -m http.server {PORT}" in result.flat
     assert container.run(f"kill -0 {stray_pid}", check=False).returncode != 0, "the stray process survived the restart"
     assert container.run("systemctl is-active hsextract-server.service").stdout.strip() == "active"
-    assert _health(container) == 200
+    assert http_status(container) == 200
     holder = int(container.run(f"fuser -n tcp {PORT} 2>/dev/null").stdout.split()[0])
-    assert holder == _main_pid(container)
+    assert holder == server_main_pid(container)
 
 
 def test_extraction_in_the_container_verifies(deployed, container, inventory):

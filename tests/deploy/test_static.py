@@ -277,3 +277,77 @@ def test_proxmox_role_on_a_scratch_config_dir(tmp_path: Path):
     assert result.rc == 0, result.output
     assert result.recap()["hsx-scratch"]["changed"] == 0
     assert not pct_log.exists()
+
+
+def test_disable_custom_all_reduce_from_the_inventory_to_the_sglang_command(tmp_path: Path):
+    """inventory/example's hsx_disable_custom_all_reduce, mapped by deploy.yml into hsx_server, rendered by the role's
+    vars into sglang.yaml; launch-sglang (the package, from .venv) turns it into --disable-custom-all-reduce."""
+    hsextract = REPO / ".venv" / "bin" / "hsextract"
+    if not hsextract.exists():
+        pytest.skip("needs .venv (make setup) for launch-sglang --dry-run; make test builds it first")
+    example = yaml.safe_load((REPO / "inventory/example/group_vars/all.yml").read_text())
+    assert example["hsx_disable_custom_all_reduce"] is True, "inventory/example: on for LXC deployments"
+    deploy = yaml.safe_load((REPO / "deploy.yml").read_text())
+    mapping = next(r["vars"] for play in deploy for r in play.get("roles", []) if r["role"] == "hsx_server")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(
+        '{"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 61}'
+    )
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump({**example, "hsx_model_path": str(model)}))
+    (tmp_path / "mapping.yml").write_text(yaml.safe_dump(mapping))
+    role = REPO / "roles" / "hsx_server"
+    playbook = tmp_path / "render.yml"
+    playbook.write_text(
+        textwrap.dedent(f"""\
+        - hosts: localhost
+          gather_facts: false
+          vars_files: [{role}/defaults/main.yml, {tmp_path}/inventory.yml, {REPO}/playbooks/vars/deploy.yml,
+                       {tmp_path}/mapping.yml, {role}/vars/main.yml]
+          tasks:
+            - ansible.builtin.copy:
+                content: "{{{{ _hsx_server_config | to_nice_yaml }}}}"
+                dest: {tmp_path}/on.yaml
+                mode: "0644"
+            - ansible.builtin.copy:
+                content: "{{{{ _hsx_server_config | to_nice_yaml }}}}"
+                dest: {tmp_path}/off.yaml
+                mode: "0644"
+              vars:
+                hsx_disable_custom_all_reduce: false
+        """)
+    )
+    result = run_playbook(str(playbook), None, "-e", "ansible_python_interpreter=" + str(ANSIBLE_BIN / "python"))
+    assert result.rc == 0, result.output
+    for name, wanted in (("on", True), ("off", False)):
+        rendered = yaml.safe_load((tmp_path / f"{name}.yaml").read_text())
+        assert rendered["disable_custom_all_reduce"] is wanted, rendered
+        proc = subprocess.run(
+            [str(hsextract), "launch-sglang", "--config", str(tmp_path / f"{name}.yaml"), "--dry-run"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert ("--disable-custom-all-reduce" in proc.stdout.split()) is wanted, proc.stdout
+
+
+def test_every_test_a_runbook_names_exists():
+    """Runbooks point at the tests that replay their procedures (tests/deploy/<file>.py::<test> or ::<test> after it)."""
+    import ast
+    import re
+
+    named: list[tuple[str, str, str]] = []
+    for page in sorted((REPO / "docs" / "runbooks").glob("*.md")):
+        current = ""
+        for path, rest in re.findall(r"(tests/deploy/test_\w+\.py)?((?:::\w+)+)?", page.read_text()):
+            current = path or current
+            named += [(page.name, current, test) for test in re.findall(r"::(\w+)", rest)]
+    assert {test for _, _, test in named} >= {
+        "test_server_started_with_another_python_is_refused",
+        "test_restart_escalates_through_pct_when_ssh_is_down",
+        "test_server_answering_health_but_not_health_generate_is_never_healthy",
+        "test_after_pct_reboot_shm_nccl_and_the_server_come_back",
+    }, named
+    for page, path, test in named:
+        tree = ast.parse((REPO / path).read_text())
+        functions = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+        assert test in functions, f"{page} names {path}::{test}, which does not exist"

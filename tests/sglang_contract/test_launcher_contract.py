@@ -43,6 +43,13 @@ def test_kimi_command_parses_with_sglang_and_has_every_required_flag() -> None:
     assert hooks[0]["config"]["layer_ids"] == [2, 30, 58]
 
 
+def test_disable_custom_all_reduce_reaches_sglangs_server_args() -> None:
+    assert parsed(build_command(SGLangLaunchConfig(**KIMI))).disable_custom_all_reduce is False
+    argv = build_command(SGLangLaunchConfig(**KIMI, disable_custom_all_reduce=True))
+    assert validate_with_sglang(argv) is True
+    assert parsed(argv).disable_custom_all_reduce is True
+
+
 def test_capture_indices_come_from_sglangs_own_arithmetic() -> None:
     assert _sglang_method("deepseek") is DeepseekV2ForCausalLM.set_eagle3_layers_to_capture
     # DeepSeek in 0.5.23 uses the ids as capture indices unless the first is 1; llama and qwen2 add one.
@@ -80,6 +87,7 @@ def test_kimi_default_layers_are_the_ecosystem_default() -> None:
         ),
         ({"extra_args": ["--pp-size", "2"]}, "pipeline parallel size 1"),
         ({"extra_args": ["--tp-size=4"]}, "use the config key tp_size"),
+        ({"extra_args": ["--disable-custom-all-reduce"]}, "use the config key disable_custom_all_reduce"),
         ({"extra_args": ["--speculative-draft-model-path", "/d"]}, "extraction needs none"),
     ],
 )

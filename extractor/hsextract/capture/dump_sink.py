@@ -3,8 +3,10 @@
 The one code path between a forward pass and the dump contract, shared by the SGLang hook and
 the embedded server. A forward hands over one extend batch at a time (rows of several requests,
 each request's rows starting at its prefix length); the sink keys rows by (rid, position), and
-when every position of a rid's expected length is present it writes the dump. Assembly and file
-writing run on a background thread behind a bounded queue, so the forward thread only enqueues.
+when every position of a rid's expected length is present it writes the dump. An assembler thread
+behind a bounded queue waits for each batch's copy and assembles chunks in submission order; a
+pool of writer threads writes the dumps, several at once, straight from the batch's host rows.
+The forward thread only enqueues.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from hsextract.capture.stages import StageClock
 from hsextract.contract.dumps import DumpSource, write_dump, write_error_marker
 from hsextract.contract.rids import DEFAULT_PREFIX, parse_rid
 
@@ -34,6 +38,7 @@ class Segment:
     prefix_len: int  # tokens of this request already processed in earlier passes
     start_row: int  # first row of this request in the batch tensors
     num_rows: int
+    final_prenorm: bool = True  # its dump holds the pre-norm final state (when the batch carries it)
 
 
 @dataclass
@@ -43,7 +48,9 @@ class ExtendBatch:
     ``aux`` is ``[n, K, H]``, ``final`` is ``[n, H]`` (post-norm), ``input_ids`` is ``[n]``;
     ``final_prenorm`` (``[n, H]``, the last layer's output before the final norm) is optional.
     ``ready`` (a CUDA event or anything with ``synchronize()``) is waited on before reading;
-    ``release`` is called once the tensors are no longer needed (returns a pinned buffer).
+    ``spans`` are ``(stage, start, end)`` CUDA event pairs timed once ``ready`` has passed;
+    ``release`` is called once the tensors are no longer needed (returns a pinned buffer), then
+    ``on_complete`` once every dump this batch completed is written (or marked failed).
     """
 
     segments: Sequence[Segment]
@@ -53,6 +60,8 @@ class ExtendBatch:
     final_prenorm: torch.Tensor | None = None
     ready: Any = None
     release: Callable[[], None] | None = None
+    spans: Sequence[tuple[str, Any, Any]] = ()
+    on_complete: Callable[[], None] | None = None
 
 
 @dataclass
@@ -66,8 +75,18 @@ class _Pending:
     first_seen: float = field(default_factory=time.monotonic)
 
 
+@dataclass(frozen=True)
+class _Write:
+    rid: str
+    input_ids: torch.Tensor
+    aux: torch.Tensor
+    final: torch.Tensor
+    final_prenorm: torch.Tensor | None
+    chunks: int
+
+
 class DumpSink:
-    """Background assembler and writer of dumps under ``root``."""
+    """Background assembler and writers of dumps under ``root``."""
 
     def __init__(
         self,
@@ -76,16 +95,27 @@ class DumpSink:
         rid_prefix: str = DEFAULT_PREFIX,
         queue_size: int = 8,
         stale_after_s: float = 3600.0,
+        writers: int = 4,
+        clock: StageClock | None = None,
     ) -> None:
+        if writers < 1:
+            raise ValueError(f"writers must be at least 1, got {writers}")
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.source = source
         self.rid_prefix = rid_prefix
         self.stale_after_s = stale_after_s
+        self.clock = clock if clock is not None else StageClock()
         self._queue: queue.Queue[ExtendBatch | None] = queue.Queue(maxsize=queue_size)
         self._pending: dict[str, _Pending] = {}
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._unfinished = 0  # batches submitted and not yet completed
+        # Batches handed to the writers and not yet done: bounds the host memory they hold.
+        self._writing = threading.BoundedSemaphore(queue_size)
         self.dumps_failed = 0
-        self._thread = threading.Thread(target=self._run, name="hsextract-dump-writer", daemon=True)
+        self._writers = ThreadPoolExecutor(max_workers=writers, thread_name_prefix="hsextract-dump-writer")
+        self._thread = threading.Thread(target=self._run, name="hsextract-dump-assembler", daemon=True)
         self._thread.start()
 
     # -- called from the forward thread -------------------------------------------------------
@@ -95,44 +125,81 @@ class DumpSink:
 
     def submit(self, batch: ExtendBatch) -> None:
         """Enqueue one extend batch; blocks only when the queue is full (back-pressure)."""
+        with self._lock:
+            self._unfinished += 1
         self._queue.put(batch)
 
     def flush(self) -> None:
-        """Wait until every submitted batch has been assembled and written."""
-        self._queue.join()
+        """Wait until every submitted batch has been assembled and its dumps written."""
+        with self._idle:
+            while self._unfinished:
+                self._idle.wait()
 
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join()
+        self._writers.shutdown(wait=True)
 
-    # -- background thread ----------------------------------------------------------------------
+    # -- assembler thread -----------------------------------------------------------------------
     def _run(self) -> None:
         while True:
             batch = self._queue.get()
+            if batch is None:
+                return
             try:
-                if batch is None:
-                    return
                 self._consume(batch)
-            except Exception:  # never let one bad batch stop the writer thread
-                log.exception("dump writer failed on a batch")
-            finally:
-                self._queue.task_done()
+            except Exception:  # never let one bad batch stop the assembler
+                log.exception("dump assembler failed on a batch")
+                self._finish(batch)
 
     def _consume(self, batch: ExtendBatch) -> None:
+        if batch.ready is not None:
+            started = time.perf_counter()
+            batch.ready.synchronize()
+            self.clock.observe("wait_copy", time.perf_counter() - started)
+            for stage, start, end in batch.spans:
+                self.clock.observe(stage, float(start.elapsed_time(end)) / 1e3)
+        writes = [write for write in (self._add(segment, batch) for segment in batch.segments) if write is not None]
+        self._evict_stale()
+        if not writes:
+            self._finish(batch)
+            return
+        self._writing.acquire()
+        left = [len(writes)]
+        left_lock = threading.Lock()
+
+        def one(write: _Write) -> None:
+            try:
+                self._write(write)
+            finally:
+                with left_lock:
+                    left[0] -= 1
+                    last = left[0] == 0
+                if last:
+                    self._writing.release()
+                    self._finish(batch)
+
+        for write in writes:
+            self._writers.submit(one, write)
+
+    def _finish(self, batch: ExtendBatch) -> None:
         try:
-            if batch.ready is not None:
-                batch.ready.synchronize()
-            for segment in batch.segments:
-                self._add(segment, batch)
-        finally:
             if batch.release is not None:
                 batch.release()
-        self._evict_stale()
+            if batch.on_complete is not None:
+                batch.on_complete()
+        except Exception:
+            log.exception("completing an extend batch failed")
+        finally:
+            with self._idle:
+                self._unfinished -= 1
+                if not self._unfinished:
+                    self._idle.notify_all()
 
-    def _add(self, seg: Segment, batch: ExtendBatch) -> None:
+    def _add(self, seg: Segment, batch: ExtendBatch) -> _Write | None:
         rid = parse_rid(seg.rid, self.rid_prefix)
         if rid is None or seg.num_rows <= 0:
-            return  # health checks, warm-up, foreign rids: never dumped, never a path
+            return None  # health checks, warm-up, foreign rids: never dumped, never a path
         name = str(rid)
         end = seg.prefix_len + seg.num_rows
         if seg.prefix_len < 0 or end > rid.num_tokens:
@@ -141,24 +208,23 @@ class DumpSink:
                 f"request brought positions {seg.prefix_len}..{end - 1} but its rid promises "
                 f"{rid.num_tokens} tokens; the rid's token count is wrong",
             )
-            return
+            return None
         rows = slice(seg.start_row, seg.start_row + seg.num_rows)
+        with_prenorm = seg.final_prenorm and batch.final_prenorm is not None
         if seg.prefix_len == 0 and seg.num_rows == rid.num_tokens:
-            # Whole prompt in one pass (the common case): no assembly copy.
-            prenorm = None if batch.final_prenorm is None else batch.final_prenorm[rows]
-            self._write(name, batch.input_ids[rows], batch.aux[rows], batch.final[rows], prenorm, chunks=1)
-            return
+            # Whole prompt in one pass (the common case): written from the batch's rows, no copy.
+            prenorm = batch.final_prenorm[rows] if with_prenorm and batch.final_prenorm is not None else None
+            return _Write(name, batch.input_ids[rows], batch.aux[rows], batch.final[rows], prenorm, chunks=1)
         pending = self._pending.get(name)
         if pending is None:
             aux_shape = (rid.num_tokens, *batch.aux.shape[1:])
+            width = batch.final.shape[-1]
             pending = _Pending(
                 input_ids=torch.zeros(rid.num_tokens, dtype=torch.int64),
                 aux=torch.empty(aux_shape, dtype=batch.aux.dtype),
-                final=torch.empty((rid.num_tokens, batch.final.shape[-1]), dtype=batch.final.dtype),
+                final=torch.empty((rid.num_tokens, width), dtype=batch.final.dtype),
                 filled=torch.zeros(rid.num_tokens, dtype=torch.bool),
-                final_prenorm=None
-                if batch.final_prenorm is None
-                else torch.empty((rid.num_tokens, batch.final.shape[-1]), dtype=batch.final.dtype),
+                final_prenorm=torch.empty((rid.num_tokens, width), dtype=batch.final.dtype) if with_prenorm else None,
             )
             self._pending[name] = pending
         positions = slice(seg.prefix_len, end)
@@ -171,28 +237,34 @@ class DumpSink:
             pending.final_prenorm[positions] = batch.final_prenorm[rows]
         pending.filled[positions] = True
         pending.chunks += 1
-        if bool(pending.filled.all()):
-            del self._pending[name]
-            self._write(name, pending.input_ids, pending.aux, pending.final, pending.final_prenorm, pending.chunks)
+        if not bool(pending.filled.all()):
+            return None
+        del self._pending[name]
+        return _Write(name, pending.input_ids, pending.aux, pending.final, pending.final_prenorm, pending.chunks)
 
-    def _write(
-        self,
-        rid: str,
-        input_ids: torch.Tensor,
-        aux: torch.Tensor,
-        final: torch.Tensor,
-        final_prenorm: torch.Tensor | None,
-        chunks: int,
-    ) -> None:
+    # -- writer threads ---------------------------------------------------------------------------
+    def _write(self, write: _Write) -> None:
+        started = time.perf_counter()
         try:
-            write_dump(self.root, rid, input_ids, aux, final, self.source, final_prenorm, extend_passes=chunks)
+            write_dump(
+                self.root, write.rid, write.input_ids, write.aux, write.final, self.source, write.final_prenorm, write.chunks
+            )
         except Exception as exc:  # disk full, permissions: report through the marker, keep serving
-            log.error("writing dump %s failed: %s", rid, exc)
-            self._fail(rid, f"writing the dump failed: {exc}")
+            log.error("writing dump %s failed: %s", write.rid, exc)
+            self._mark_failed(write.rid, f"writing the dump failed: {exc}")
+            return
+        self.clock.observe("dump_write", time.perf_counter() - started)
+        self.clock.dumps.inc()
+        tensors = (write.input_ids, write.aux, write.final, write.final_prenorm)
+        self.clock.dump_bytes.inc(sum(t.numel() * t.element_size() for t in tensors if t is not None))
 
     def _fail(self, rid: str, reason: str) -> None:
-        self.dumps_failed += 1
         self._pending.pop(rid, None)
+        self._mark_failed(rid, reason)
+
+    def _mark_failed(self, rid: str, reason: str) -> None:
+        with self._lock:
+            self.dumps_failed += 1
         try:
             write_error_marker(self.root, rid, reason)
         except Exception as exc:

@@ -1,17 +1,27 @@
-"""Reusable page-locked host buffers for device-to-host copies off the forward thread.
+"""The one device-to-host path of the SGLang hook and the embedded engine.
 
 A device-to-host copy into pageable memory is synchronous and slow (1.1 GB/s measured on an H200
 host for a 470 MB chunk); into pinned memory it is asynchronous and fast (54 GB/s). Pinning is
 expensive, so buffers are allocated once and reused. The pool is bounded: when every buffer is
 still waiting for the writer, ``acquire`` blocks, which is the back-pressure that keeps host
 memory bounded when tmpfs is slower than the forward.
+
+:class:`HostCopier` takes one extend batch's rows already laid out on the device (``aux`` stacked
+``[n, K, H]`` there, so each kind is one contiguous copy), queues their copies into a pooled
+pinned buffer on a side stream that waits for the forward's stream, and returns the
+:class:`ExtendBatch` the :class:`DumpSink` consumes: its ``ready`` event is what the sink's
+thread waits on, so the forward thread never synchronizes with the device.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
+from typing import Any
 
 import torch
+
+from hsextract.capture.dump_sink import ExtendBatch, Segment
 
 
 class PinnedBuffer:
@@ -24,6 +34,12 @@ class PinnedBuffer:
 
     def ensure(self, tokens: int, num_aux: int, hidden: int, dtype: torch.dtype, prenorm: bool) -> None:
         """Grow (never shrink) to hold ``tokens`` rows of ``num_aux`` + 1 states (+1 with ``prenorm``)."""
+        # Normal tensors even when first grown inside a forward's inference mode: an inference
+        # tensor could not be written to by a later call from outside it.
+        with torch.inference_mode(False):
+            self._grow(tokens, num_aux, hidden, dtype, prenorm)
+
+    def _grow(self, tokens: int, num_aux: int, hidden: int, dtype: torch.dtype, prenorm: bool) -> None:
         states = tokens * hidden
         if self.ids.numel() < tokens:
             self.ids = torch.empty(tokens, dtype=torch.int64, pin_memory=self.pin)
@@ -43,6 +59,10 @@ class PinnedPool:
         self._pin = pin
         self._cond = threading.Condition()
 
+    @property
+    def slots(self) -> int:
+        return self._slots
+
     def acquire(self, tokens: int, num_aux: int, hidden: int, dtype: torch.dtype, prenorm: bool = False) -> PinnedBuffer:
         with self._cond:
             while not self._free and self._created >= self._slots:
@@ -52,10 +72,108 @@ class PinnedPool:
             else:
                 self._created += 1
                 buffer = PinnedBuffer(self._pin)
-        buffer.ensure(tokens, num_aux, hidden, dtype, prenorm)
+        try:
+            buffer.ensure(tokens, num_aux, hidden, dtype, prenorm)
+        except BaseException:
+            self.release(buffer)
+            raise
         return buffer
 
     def release(self, buffer: PinnedBuffer) -> None:
         with self._cond:
             self._free.append(buffer)
             self._cond.notify()
+
+    def reserve(self, tokens: int, num_aux: int, hidden: int, dtype: torch.dtype, prenorm: bool = False) -> None:
+        """Allocate every slot at this size now, so no forward waits for pinning later."""
+        buffers = [self.acquire(tokens, num_aux, hidden, dtype, prenorm) for _ in range(self._slots)]
+        for buffer in buffers:
+            self.release(buffer)
+
+
+class HostCopier:
+    """Copies one batch's device rows to the host without holding the forward thread."""
+
+    def __init__(self, slots: int, pin: bool | None = None) -> None:
+        self.pool = PinnedPool(slots, torch.cuda.is_available() if pin is None else pin)
+        self._streams: dict[int, Any] = {}
+
+    def _stream(self, device: torch.device) -> Any:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        stream = self._streams.get(index)
+        if stream is None:
+            stream = self._streams[index] = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
+        return stream
+
+    def copy(
+        self,
+        segments: Sequence[Segment],
+        input_ids: torch.Tensor,
+        final: torch.Tensor,
+        aux: torch.Tensor,
+        prenorm: torch.Tensor | None = None,
+        *,
+        private: bool = False,
+        spans: Sequence[tuple[str, Any, Any]] = (),
+    ) -> ExtendBatch:
+        """``input_ids [n]``, ``final [n, H]``, ``aux [n, K, H]``, ``prenorm [n, H]``, rows in batch order.
+
+        On a CUDA device the copies are queued on a side stream after everything queued so far on
+        the current stream; the batch's ``ready`` event marks their end. On the CPU, ``private``
+        tensors (fresh, owned by this batch) are handed over as they are; others are not, since
+        the caller may overwrite them before the sink's thread reads them: they are copied into a
+        pooled buffer, synchronously.
+        """
+        n = int(final.shape[0])
+        if aux.dim() != 3 or int(aux.shape[0]) != n or int(aux.shape[2]) != int(final.shape[-1]):
+            raise ValueError(f"aux must be [n, K, H] with n={n}, H={final.shape[-1]}; got {tuple(aux.shape)}")
+        if private and not final.is_cuda:
+            return ExtendBatch(segments, input_ids.cpu(), aux, final, prenorm, spans=spans)
+        num_aux, width = int(aux.shape[1]), int(final.shape[-1])
+        buffer = self.pool.acquire(n, num_aux, width, final.dtype, prenorm=prenorm is not None)
+        states = n * width
+        ids_host = buffer.ids[:n]
+        aux_host = buffer.aux[: states * num_aux].view(n, num_aux, width)
+        final_host = buffer.final[:states].view(n, width)
+        prenorm_host = None if prenorm is None else buffer.prenorm[:states].view(n, width)
+        pairs = [(ids_host, input_ids), (aux_host, aux), (final_host, final)]
+        if prenorm is not None and prenorm_host is not None:
+            pairs.append((prenorm_host, prenorm))
+        ready: Any = None
+        try:
+            if final.is_cuda:
+                ready, spans = self._copy_on_side_stream(pairs, final.device, spans)
+            else:
+                for target, source in pairs:
+                    target.copy_(source)
+        except BaseException:
+            self.pool.release(buffer)
+            raise
+        return ExtendBatch(
+            segments=segments,
+            input_ids=ids_host,
+            aux=aux_host,
+            final=final_host,
+            final_prenorm=prenorm_host,
+            ready=ready,
+            release=lambda: self.pool.release(buffer),
+            spans=spans,
+        )
+
+    def _copy_on_side_stream(
+        self, pairs: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device, spans: Sequence[tuple[str, Any, Any]]
+    ) -> tuple[Any, list[tuple[str, Any, Any]]]:
+        stream = self._stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        ready = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        with torch.cuda.stream(stream):
+            start.record(stream)
+            for target, source in pairs:
+                target.copy_(source, non_blocking=True)
+            ready.record(stream)
+        # The caching allocator must not hand the sources' memory to anyone before the copies end.
+        for _, source in pairs:
+            if source.is_cuda:
+                source.record_stream(stream)
+        return ready, [*spans, ("d2h", start, ready)]

@@ -26,12 +26,12 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from hsextract import __version__
 from hsextract.contract.atomic import atomic_write_bytes, temp_path
 from hsextract.contract.rids import parse_rid
 from hsextract.contract.states import DumpState
+from hsextract.contract.tensor_file import write_safetensors
 from hsextract.errors import DumpError
 
 HIDDEN_FILE = "hidden.safetensors"
@@ -128,15 +128,16 @@ def write_dump(
     directory.mkdir(parents=True, exist_ok=True)
     (directory / ERROR_FILE).unlink(missing_ok=True)
     tensors = {
-        "input_ids": input_ids.to(torch.int64).contiguous(),
-        "aux_hidden_states": aux_hidden_states.contiguous(),
-        "final_hidden_state": final_hidden_state.contiguous(),
+        "input_ids": input_ids.to(torch.int64),
+        "aux_hidden_states": aux_hidden_states,
+        "final_hidden_state": final_hidden_state,
     }
     if final_prenorm_hidden_state is not None:
-        tensors["final_prenorm_hidden_state"] = final_prenorm_hidden_state.contiguous()
+        tensors["final_prenorm_hidden_state"] = final_prenorm_hidden_state
     hidden = directory / HIDDEN_FILE
     tmp = temp_path(hidden)
-    save_file(tensors, str(tmp), metadata={"rid": rid, "format_version": str(DUMP_FORMAT_VERSION)})
+    # Straight from the (pinned) host rows: no staging copy, the interpreter lock released while writing.
+    write_safetensors(tmp, tensors, metadata={"rid": rid, "format_version": str(DUMP_FORMAT_VERSION)})
     os.replace(tmp, hidden)
     meta = DumpMeta(
         rid=rid,

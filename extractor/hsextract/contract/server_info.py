@@ -13,6 +13,9 @@ from typing import Any
 
 from hsextract.errors import ServerError
 
+#: ``/generate`` key asking a server that says ``final_prenorm_per_request`` to dump the pre-norm state
+FINAL_PRENORM_KEY = "hsextract_final_prenorm"
+
 
 @dataclass(frozen=True)
 class ServerInfo:
@@ -27,6 +30,8 @@ class ServerInfo:
     provides_final_prenorm: bool | None  # None: not said
     engine_version: str | None = None
     rid_prefix: str | None = None
+    # The server dumps the pre-norm state only for requests that ask (``hsextract_final_prenorm``).
+    final_prenorm_per_request: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -41,6 +46,7 @@ class ServerInfo:
             "dump_dir": self.dump_dir,
             "rid_prefix": self.rid_prefix,
             "provides_final_prenorm": self.provides_final_prenorm,
+            "final_prenorm_per_request": self.final_prenorm_per_request,
         }
 
     @classmethod
@@ -79,4 +85,5 @@ class ServerInfo:
             provides_final_prenorm=info.get("provides_final_prenorm"),
             engine_version=info.get("engine_version"),
             rid_prefix=info.get("rid_prefix"),
+            final_prenorm_per_request=info.get("final_prenorm_per_request"),
         )

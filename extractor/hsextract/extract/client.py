@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from hsextract.contract.model_config import read_model_config
-from hsextract.contract.server_info import ServerInfo
+from hsextract.contract.server_info import FINAL_PRENORM_KEY, ServerInfo
 from hsextract.errors import BadSampleError, ServerError, TransientServerError
 
 log = logging.getLogger(__name__)
@@ -74,13 +74,16 @@ class ServerClient:
                     return info
         raise ServerError(f"server at {self.base_url} answers neither /server_info nor /get_server_info")
 
-    def prefill(self, rid: str, input_ids: list[int]) -> dict[str, Any]:
-        """POST /generate with max_new_tokens 0; returns meta_info.
+    def prefill(self, rid: str, input_ids: list[int], final_prenorm: bool = False) -> dict[str, Any]:
+        """POST /generate with max_new_tokens 0; returns meta_info. ``final_prenorm`` asks a server
+        that dumps the pre-norm state per request (``final_prenorm_per_request``) to dump it.
 
         Raises BadSampleError for a 4xx (the server refused this prompt), TransientServerError
         for anything worth retrying.
         """
-        payload = {"input_ids": input_ids, "rid": rid, "sampling_params": {"max_new_tokens": 0}}
+        payload: dict[str, Any] = {"input_ids": input_ids, "rid": rid, "sampling_params": {"max_new_tokens": 0}}
+        if final_prenorm:
+            payload[FINAL_PRENORM_KEY] = True
         try:
             response = self._http.post("/generate", json=payload)
         except httpx.TimeoutException as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from hsextract.contract.dumps import Dump
@@ -59,5 +60,29 @@ def check_dump(dump: Dump, sent_ids: list[int], expect: DumpExpectation) -> None
         dtype = str(tensor.dtype).removeprefix("torch.")
         if expect.dtype is not None and dtype != expect.dtype:
             raise DumpError("dtype_mismatch", f"dump {dump.rid} holds {dtype} tensors, expected {expect.dtype}")
-        if not bool(torch.isfinite(tensor).all()):
+        if not all_finite(tensor):
             raise DumpError("non_finite", f"dump {dump.rid} holds NaN or infinite values")
+
+
+# A float is NaN or infinite exactly when its exponent bits are all ones: one integer pass over the
+# bits (numpy: single-threaded, the interpreter lock released) instead of torch.isfinite, about 20
+# times slower on bfloat16 on the CPU and parallelised inside every one of the extractor's threads.
+_EXPONENT_BITS = {
+    torch.bfloat16: (torch.int16, 0x7F80),
+    torch.float16: (torch.int16, 0x7C00),
+    torch.float32: (torch.int32, 0x7F800000),
+}
+_CHUNK = 1 << 22  # elements per pass: bounded temporaries
+
+
+def all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every element is finite (no NaN, no infinity)."""
+    if tensor.numel() == 0 or not tensor.is_floating_point():
+        return True
+    spec = _EXPONENT_BITS.get(tensor.dtype)
+    if spec is None or tensor.device.type != "cpu":
+        return bool(torch.isfinite(tensor).all())
+    int_dtype, mask = spec
+    bits = tensor.contiguous().view(int_dtype).reshape(-1).numpy()
+    chunks = (bits[start : start + _CHUNK] for start in range(0, bits.size, _CHUNK))
+    return all(int(np.bitwise_and(chunk, mask).max()) != mask for chunk in chunks)

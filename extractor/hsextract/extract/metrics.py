@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+#: per-sample stages of the extractor, in order
+STAGES = ("request", "wait_dump", "verify", "pack")
 
 
 class ExtractMetrics:
@@ -32,12 +38,40 @@ class ExtractMetrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
             registry=r,
         )
+        self.stage_seconds = Histogram(
+            "hsextract_stage_seconds",
+            "Seconds per sample in each extractor stage: request (until the server answered), wait_dump "
+            "(until its dump was complete), verify (read and check it), pack (write the output file)",
+            ["stage"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+            registry=r,
+        )
         self.planned = Gauge("hsextract_samples_planned", "Rows this run is responsible for (its shard)", registry=r)
         self.planned_tokens = Gauge("hsextract_tokens_planned", "Tokens this run will write in all", registry=r)
         self.server_up = Gauge("hsextract_server_up", "1 when the server answered its last request or health check", registry=r)
         self.running = Gauge("hsextract_running", "1 while the extraction runs, 0 once it has finished", registry=r)
         for status in ("ok", "bad_input", "failed", "resumed"):
             self.samples.labels(status)
+        for stage in STAGES:
+            self.stage_seconds.labels(stage)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Time one stage of one sample into ``hsextract_stage_seconds{stage=name}``."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stage_seconds.labels(name).observe(time.perf_counter() - started)
+
+    def stage_totals(self) -> dict[str, float]:
+        """Summed seconds per stage so far (over all worker threads)."""
+        totals = dict.fromkeys(STAGES, 0.0)
+        for metric in self.stage_seconds.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_sum"):
+                    totals[sample.labels["stage"]] = sample.value
+        return totals
 
     def serve(self, port: int, host: str = "0.0.0.0") -> None:
         start_http_server(port, addr=host, registry=self.registry)

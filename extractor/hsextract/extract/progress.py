@@ -25,6 +25,13 @@ class Progress:
 
             self._bar = tqdm(total=total, initial=initial, unit="sample", dynamic_ncols=True, smoothing=0.05)
 
+    def set_totals(self, total: int, total_tokens: int) -> None:
+        """Replace estimated totals with exact ones (the plan is counted while the run goes)."""
+        self.total, self.total_tokens = total, total_tokens
+        if self._bar is not None:
+            self._bar.total = total
+            self._bar.refresh()
+
     def advance(self, tokens: int = 0) -> None:
         self.done += 1
         self.tokens += tokens

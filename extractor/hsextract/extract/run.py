@@ -43,6 +43,8 @@ from hsextract.extract.dump_checks import DumpExpectation, check_dump
 from hsextract.extract.formats import OutputFormat, open_format
 from hsextract.extract.manifest import ErrorRecord, Manifest, WrittenSample
 from hsextract.extract.metrics import ExtractMetrics
+from hsextract.extract.ordering import shortest_first
+from hsextract.extract.plan import Plan, Planner
 from hsextract.extract.progress import Progress
 from hsextract.extract.serving_hints import (
     SPECFORGE_NUM_AUX_LAYERS,
@@ -76,17 +78,6 @@ class RunSummary:
     hints: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class Plan:
-    rows_in_shard: int
-    todo_rows: int
-    todo_tokens: int
-    settled: int
-    truncated_rows: int = 0  # rows to extract that are longer than max_seq_len
-    longest_tokens: int = 0  # the longest sample the output will hold (after truncation)
-    over_trainer_default: int = 0  # samples longer than the trainer's default length
-
-
 def sweep_temp_files(root: Path) -> int:
     """Remove temp files a killed run left behind; they are never under a final name."""
     removed = 0
@@ -118,6 +109,7 @@ class Extraction:
         self._written_now = 0
         self._failed_now = 0
         self._pinned_dtype: str | None = None
+        self._final_prenorm = False  # ask the server for the pre-norm state (only when the format needs it)
 
     # -- setup (nothing is written before all of it passes) -----------------------------------------
     def _preflight(self) -> tuple[ServerInfo, list[int], Path, OutputFormat]:
@@ -202,33 +194,6 @@ class Extraction:
             if row % cfg.num_shards == cfg.shard_index:
                 yield row, raw
 
-    def _plan(self, manifest: Manifest, vocab_size: int) -> Plan:
-        rows = todo = tokens = settled = truncated = 0
-        lengths = [s.num_tokens for s in manifest.written.values()]
-        for row, raw in self._shard_rows():
-            rows += 1
-            if manifest.is_settled(row):
-                settled += 1
-                continue
-            try:
-                sample = validate_row(row, raw, vocab_size, self.config.max_seq_len)
-            except BadSampleError:
-                continue
-            todo += 1
-            tokens += len(sample.input_ids)
-            truncated += sample.truncated
-            lengths.append(len(sample.input_ids))
-        trainer_default = TRAINER_DEFAULT_LENGTH[self.config.format]
-        return Plan(
-            rows_in_shard=rows,
-            todo_rows=todo,
-            todo_tokens=tokens,
-            settled=settled,
-            truncated_rows=truncated,
-            longest_tokens=max(lengths, default=0),
-            over_trainer_default=sum(1 for n in lengths if n > trainer_default),
-        )
-
     def _check_disk(self, plan: Plan, identity: ServerInfo, num_aux: int, fmt: OutputFormat) -> None:
         stored = fmt.stored_dtype or identity.dtype or "bfloat16"
         per_token = (num_aux + 1) * identity.hidden_size * _DTYPE_BYTES.get(stored, 2) + 16
@@ -236,8 +201,9 @@ class Extraction:
         free = shutil.disk_usage(self.config.output).free
         self.metrics.planned_tokens.set(plan.todo_tokens)
         log.info(
-            "plan: %d rows in this shard, %d already settled, %d to extract (%d tokens x %d bytes as %s: about %.2f GB; "
+            "plan%s: %d rows in this shard, %d already settled, %d to extract (%d tokens x %d bytes as %s: about %.2f GB; "
             "%.2f GB free)",
+            "" if plan.exact else " (estimated from the first rows; counted exactly while the run goes)",
             plan.rows_in_shard,
             plan.settled,
             plan.todo_rows,
@@ -247,6 +213,16 @@ class Extraction:
             needed / 1e9,
             free / 1e9,
         )
+        if plan.exact:
+            self._log_lengths(plan)
+        if needed > free:
+            raise DiskSpaceError(
+                f"output {self.config.output} has {free / 1e9:.2f} GB free but this run needs about {needed / 1e9:.2f} GB "
+                f"({plan.todo_tokens} tokens x {per_token} bytes x {self.config.disk_headroom}); free space or choose "
+                "another --output"
+            )
+
+    def _log_lengths(self, plan: Plan) -> None:
         cfg = self.config
         log.info(
             "plan: %d of them longer than max_seq_len %d (truncated and counted); the longest sample will have %d tokens",
@@ -265,12 +241,6 @@ class Extraction:
                 TRAINER_LENGTH_SETTING[cfg.format],
                 plan.longest_tokens,
             )
-        if needed > free:
-            raise DiskSpaceError(
-                f"output {self.config.output} has {free / 1e9:.2f} GB free but this run needs about {needed / 1e9:.2f} GB "
-                f"({plan.todo_tokens} tokens x {per_token} bytes x {self.config.disk_headroom}); free space or choose "
-                "another --output"
-            )
 
     # -- the run ------------------------------------------------------------------------------------
     def run(self) -> RunSummary:
@@ -283,7 +253,18 @@ class Extraction:
         if swept:
             log.info("removed %d temporary files left by an interrupted run", swept)
         manifest = Manifest(cfg.output)
-        plan = self._plan(manifest, identity.vocab_size)
+        planner = Planner(
+            cfg.dataset,
+            self._shard_rows,
+            set(manifest.written) | set(manifest.errors),
+            identity.vocab_size,
+            cfg.max_seq_len,
+            cfg.num_shards,
+            self.stop,
+            written_lengths=[s.num_tokens for s in manifest.written.values()],
+            trainer_default=TRAINER_DEFAULT_LENGTH[cfg.format],
+        )
+        plan = planner.estimate()  # the first rows only: the first request leaves within seconds
         self._check_disk(plan, identity, len(aux), fmt)
         if cfg.metrics_port:
             self.metrics.serve(cfg.metrics_port, cfg.metrics_host)
@@ -294,6 +275,9 @@ class Extraction:
         expect = DumpExpectation(aux, capture_indices(aux), identity.hidden_size, identity.dtype, fmt.needs_final_prenorm)
         self._pinned_dtype = identity.dtype
         progress = Progress(plan.rows_in_shard, plan.settled, plan.todo_tokens, cfg.log_interval_s)
+        if not plan.exact:
+            planner.start(functools.partial(self._exact_plan, progress=progress))
+        self._final_prenorm = fmt.needs_final_prenorm and bool(identity.final_prenorm_per_request)
         status = RunStatus.COMPLETE
         try:
             self._stream(manifest, identity, fmt, dump_dir, expect, progress)
@@ -309,6 +293,7 @@ class Extraction:
         elif status is RunStatus.COMPLETE and self._failed_now:
             status = RunStatus.INCOMPLETE
         manifest.close()
+        plan = planner.result()
         if status in (RunStatus.COMPLETE, RunStatus.INCOMPLETE):
             fmt.finalize(self._valid_samples(manifest.written, identity.vocab_size), set(manifest.written))
         data_config = build_data_config(
@@ -333,6 +318,12 @@ class Extraction:
         )
         return summary
 
+    def _exact_plan(self, plan: Plan, progress: Progress) -> None:
+        self.metrics.planned.set(plan.rows_in_shard)
+        self.metrics.planned_tokens.set(plan.todo_tokens)
+        progress.set_totals(plan.rows_in_shard, plan.todo_tokens)
+        self._log_lengths(plan)
+
     def _valid_samples(self, rows: dict[int, WrittenSample], vocab_size: int) -> Iterator[Sample]:
         for row, raw in self._shard_rows():
             if row in rows:
@@ -351,7 +342,7 @@ class Extraction:
         slots = threading.BoundedSemaphore(cfg.concurrency)
         with ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="hsextract-req") as pool:
             try:
-                for row, raw in self._shard_rows():
+                for row, raw in shortest_first(self._shard_rows(), cfg.sort_window):
                     if self.stop.is_set():
                         break
                     if manifest.is_settled(row):
@@ -412,11 +403,15 @@ class Extraction:
             remove_dump(directory)
             started = time.monotonic()
             try:
-                self.client.prefill(rid, sample.input_ids)
+                with self.metrics.stage("request"):
+                    self.client.prefill(rid, sample.input_ids, final_prenorm=self._final_prenorm)
                 self.metrics.server_up.set(1)
-                dump = self._wait_for_dump(directory)
-                check_dump(dump, sample.input_ids, self._expectation(expect, dump))
-                size = fmt.write_sample(sample, dump)
+                with self.metrics.stage("wait_dump"):
+                    dump = self._wait_for_dump(directory)
+                with self.metrics.stage("verify"):
+                    check_dump(dump, sample.input_ids, self._expectation(expect, dump))
+                with self.metrics.stage("pack"):
+                    size = fmt.write_sample(sample, dump)
             except BadSampleError as exc:
                 remove_dump(directory)
                 self._record_bad(manifest, sample.row, exc)

@@ -1,12 +1,15 @@
-"""The pinned pool: buffers reused, grown never shrunk, and bounded (acquire blocks when all are out)."""
+"""The pinned pool (buffers reused, grown never shrunk, bounded) and the host copier built on it."""
 
 from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
-from hsextract.capture.pinned import PinnedPool
+from hsextract.capture.dump_sink import Segment
+from hsextract.capture.pinned import HostCopier, PinnedPool
+from hsextract.contract.rids import make_rid
 
 
 def test_buffers_are_reused_and_grow() -> None:
@@ -32,3 +35,38 @@ def test_acquire_blocks_until_a_buffer_is_released() -> None:
     pool.release(held)
     waiter.join(timeout=5)
     assert got == [held]
+
+
+def _rows(n: int, k: int = 3, h: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return torch.arange(n), torch.randn(n, h), torch.randn(n, k, h), torch.randn(n, h)
+
+
+def test_host_copier_copies_shared_rows_into_a_pooled_buffer_and_returns_it() -> None:
+    copier = HostCopier(slots=1, pin=False)
+    ids, final, aux, prenorm = _rows(5)
+    expected = [t.clone() for t in (ids, final, aux, prenorm)]
+    with torch.inference_mode():  # as inside a server's forward
+        batch = copier.copy([Segment(make_rid(1, 5), 0, 0, 5)], ids, final, aux, prenorm)
+    for source in (ids, final, aux, prenorm):
+        source.zero_()  # the caller reuses its buffers once the hook returned
+    assert batch.final_prenorm is not None
+    got = [batch.input_ids, batch.final, batch.aux, batch.final_prenorm]
+    assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True))
+    assert batch.ready is None and batch.release is not None
+    batch.release()
+    again = copier.copy([Segment(make_rid(2, 2), 0, 0, 2)], *_rows(2))  # the one slot is free again
+    assert again.aux.shape == (2, 3, 8) and again.final_prenorm is not None
+
+
+def test_host_copier_hands_private_host_rows_over_as_they_are() -> None:
+    copier = HostCopier(slots=1, pin=False)
+    ids, final, aux, _ = _rows(4)
+    batch = copier.copy([Segment(make_rid(1, 4), 0, 0, 4)], ids, final, aux, private=True)
+    assert batch.final is final and batch.aux is aux and batch.final_prenorm is None and batch.release is None
+
+
+def test_host_copier_refuses_aux_not_stacked_n_k_h() -> None:
+    copier = HostCopier(slots=1, pin=False)
+    ids, final, aux, _ = _rows(4)
+    with pytest.raises(ValueError, match=r"aux must be \[n, K, H\]"):
+        copier.copy([], ids, final, aux.reshape(4, -1))

@@ -7,7 +7,7 @@ import torch
 
 from hsextract.contract.dumps import Dump, DumpMeta, DumpSource
 from hsextract.errors import DumpError, LayerMismatchError
-from hsextract.extract.dump_checks import DumpExpectation, check_dump
+from hsextract.extract.dump_checks import DumpExpectation, all_finite, check_dump
 
 T, K, H = 4, 3, 8
 EXPECT = DumpExpectation([1, 3, 4], [2, 4, 5], H, "float32", need_final_prenorm=False)
@@ -57,3 +57,31 @@ def test_a_format_that_needs_the_prenorm_state_refuses_a_dump_without_it() -> No
     with pytest.raises(DumpError) as caught:
         check_dump(dump(), list(range(T)), expect)
     assert caught.value.reason == "missing_final_prenorm"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_all_finite_finds_one_bad_value_anywhere(dtype: torch.dtype, bad: float) -> None:
+    tensor = torch.randn(3, 5000, 7).to(dtype)
+    assert all_finite(tensor)
+    for index in ((0, 0, 0), (1, 2500, 3), (2, 4999, 6)):
+        poisoned = tensor.clone()
+        poisoned[index] = bad
+        assert not all_finite(poisoned), index
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_all_finite_accepts_the_largest_and_smallest_finite_values(dtype: torch.dtype) -> None:
+    info = torch.finfo(dtype)
+    assert all_finite(torch.tensor([info.max, -info.max, info.tiny, 0.0, -0.0], dtype=dtype))
+    assert all_finite(torch.zeros(0, dtype=dtype)) and all_finite(torch.arange(4))
+
+
+def test_a_bfloat16_dump_with_one_infinity_is_refused() -> None:
+    aux = torch.zeros(T, K, H, dtype=torch.bfloat16)
+    aux[T - 1, K - 1, H - 1] = float("inf")
+    tensors = {"aux_hidden_states": aux, "final_hidden_state": torch.zeros(T, H, dtype=torch.bfloat16)}
+    expect = DumpExpectation([1, 3, 4], [2, 4, 5], H, "bfloat16", need_final_prenorm=False)
+    with pytest.raises(DumpError) as caught:
+        check_dump(dump(tensors=tensors), list(range(T)), expect)
+    assert caught.value.reason == "non_finite"

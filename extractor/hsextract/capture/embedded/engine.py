@@ -1,8 +1,16 @@
 """Run a transformers model the way SGLang's scheduler feeds extend passes to its hook.
 
 Requests queue up; each scheduler step runs either one batched forward of whole short prompts
-(right-padded, up to a token budget) or the next chunk of a long prompt on its KV cache, exactly
-as chunked prefill arrives in SGLang. Every step's rows go to the shared :class:`DumpSink`.
+(right-padded, up to a token budget, chosen by :func:`pick_batch`: length-sorted around the oldest
+waiting prompt) or the next chunk of a long prompt on its KV cache, exactly as chunked prefill
+arrives in SGLang. Every step's rows go to the shared :class:`DumpSink` through the shared
+:class:`HostCopier`.
+
+On a GPU the scheduler thread never waits for the device as a whole: it gathers a batch's rows on
+the device, queues their copy into a pinned buffer on a side stream, hands the batch to the sink
+and launches the next forward, which overlaps the previous copy and the dump writes. It keeps at
+most two forwards queued on the device (it waits for the older one's own event), so the next batch
+is formed from the freshest queue. A request is answered once its dump is written.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +31,9 @@ import torch
 
 from hsextract import __version__
 from hsextract.capture.dump_sink import DumpSink, ExtendBatch, Segment
+from hsextract.capture.embedded.batching import padded_tokens, pick_batch
+from hsextract.capture.pinned import HostCopier
+from hsextract.capture.stages import StageClock
 from hsextract.config import ServeConfig
 from hsextract.contract.dumps import DumpSource
 from hsextract.contract.layers import capture_indices, resolve_aux_layer_ids
@@ -32,22 +44,35 @@ log = logging.getLogger(__name__)
 
 ENGINE_NAME = "hsextract-embedded"
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+FORWARDS_IN_FLIGHT = 2  # forwards queued on the device before the scheduler waits for the older one
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: the scheduler removes requests from its queues
 class EngineRequest:
     rid: str
     input_ids: list[int]
+    final_prenorm: bool = False  # dump the pre-norm final state too (the request asked for it)
     future: Future[dict[str, Any]] = field(default_factory=Future)
     done_tokens: int = 0
     cache: Any = None
     arrived: float = field(default_factory=time.monotonic)
 
 
+@dataclass
+class _Rows:
+    """One forward's rows, gathered on the device in batch order."""
+
+    segments: list[Segment]
+    input_ids: torch.Tensor  # [n] on the host
+    aux: torch.Tensor  # [n, K, H]
+    final: torch.Tensor  # [n, H]
+    prenorm: torch.Tensor | None  # [n, H]
+
+
 class Engine:
     """Owns the model, the scheduler thread and the dump sink."""
 
-    def __init__(self, config: ServeConfig, dump: bool = True) -> None:
+    def __init__(self, config: ServeConfig, dump: bool = True, clock: StageClock | None = None) -> None:
         import transformers
 
         self.model_path = Path(config.model)
@@ -67,12 +92,15 @@ class Engine:
         self.vocab_size = int(self.config.vocab_size)
         self.dtype = self.model.dtype
         self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
         self.aux_layer_ids = resolve_aux_layer_ids(config.layer_ids, self.num_layers)
         self.capture = capture_indices(self.aux_layer_ids)
         self.chunk_size = config.chunked_prefill_size if config.chunked_prefill_size > 0 else None
         self.max_batch_tokens = config.max_batch_tokens
+        self.batch_window = config.batch_window
         self.rid_prefix = config.rid_prefix
         self.dump_dir = Path(config.dump_dir)
+        self.clock = clock if clock is not None else StageClock()
         params = inspect.signature(self.base.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         # The last layer's output before the final norm: the input of the norm module.
@@ -81,14 +109,22 @@ class Engine:
         self.sink: DumpSink | None = None
         if dump:
             self.sink = DumpSink(
-                self.dump_dir, self._dump_source(), rid_prefix=self.rid_prefix, queue_size=config.dump_queue_size
+                self.dump_dir,
+                self._dump_source(),
+                rid_prefix=self.rid_prefix,
+                queue_size=config.dump_queue_size,
+                writers=config.dump_writers,
+                clock=self.clock,
             )
+        self.copier = HostCopier(slots=max(2, config.dump_queue_size // 2), pin=self.cuda)
+        if self.cuda and dump:
+            largest = max(self.max_batch_tokens, self.chunk_size or 0)
+            self.copier.pool.reserve(largest, len(self.capture), self.hidden_size, self.dtype)
         self._inbox: queue.Queue[EngineRequest | None] = queue.Queue()
         self._waiting: deque[EngineRequest] = deque()
         self._chunking: deque[EngineRequest] = deque()
+        self._in_flight: deque[Any] = deque()  # end events of forwards queued on the device
         self._stop = threading.Event()
-        self.forward_seconds = 0.0
-        self.forward_tokens = 0
         self._thread = threading.Thread(target=self._loop, name="hsextract-scheduler", daemon=True)
         self._thread.start()
 
@@ -120,6 +156,7 @@ class Engine:
             provides_final_prenorm=True,
             engine_version=__version__,
             rid_prefix=self.rid_prefix,
+            final_prenorm_per_request=True,
         )
 
     def info_json(self) -> dict[str, Any]:
@@ -133,6 +170,7 @@ class Engine:
             "final_norm_applied": True,
             "chunked_prefill_size": self.chunk_size or -1,
             "max_batch_tokens": self.max_batch_tokens,
+            "batch_window": self.batch_window,
             "disable_radix_cache": True,
         }
 
@@ -141,8 +179,9 @@ class Engine:
         return str((self.config.architectures or [type(self.model).__name__])[0])
 
     # -- API --------------------------------------------------------------------------------------
-    def submit(self, rid: str, input_ids: list[int]) -> Future[dict[str, Any]]:
-        request = EngineRequest(rid=rid, input_ids=input_ids)
+    def submit(self, rid: str, input_ids: list[int], final_prenorm: bool = False) -> Future[dict[str, Any]]:
+        """Queue one prompt; the future resolves once its forward ran and its dump (if any) is written."""
+        request = EngineRequest(rid=rid, input_ids=input_ids, final_prenorm=final_prenorm)
         self._inbox.put(request)
         return request.future
 
@@ -181,64 +220,88 @@ class Engine:
     def _step(self) -> None:
         # Alternate: a long prompt's next chunk, then a batch of short prompts, so neither starves.
         if self._chunking:
+            self._wait_for_room()
             request = self._chunking.popleft()
             self._run_guarded([request], self._forward_chunk)
+        self._wait_for_room()
+        self._drain_inbox(block=False)  # what arrived while the device was busy joins this choice
         batch = self._take_batch()
         if batch:
             self._run_guarded(batch, self._forward_batch)
 
-    def _take_batch(self) -> list[EngineRequest]:
-        batch: list[EngineRequest] = []
-        longest = 0
-        while self._waiting:
-            request = self._waiting[0]
-            length = len(request.input_ids)
-            if self.chunk_size is not None and length > self.chunk_size:
-                self._chunking.append(self._waiting.popleft())
-                continue
-            padded = max(longest, length) * (len(batch) + 1)
-            if batch and padded > self.max_batch_tokens:
-                break
-            batch.append(self._waiting.popleft())
-            longest = max(longest, length)
-        return batch
+    def _wait_for_room(self) -> None:
+        """Keep at most FORWARDS_IN_FLIGHT forwards queued: wait for the oldest one's own end."""
+        while len(self._in_flight) >= FORWARDS_IN_FLIGHT:
+            self._in_flight.popleft().synchronize()
 
-    def _run_guarded(self, requests: list[EngineRequest], run: Any) -> None:
+    def _take_batch(self) -> list[EngineRequest]:
+        if self.chunk_size is not None:
+            long = [r for r in self._waiting if len(r.input_ids) > self.chunk_size]
+            if long:
+                self._chunking.extend(long)
+                self._waiting = deque(r for r in self._waiting if len(r.input_ids) <= self.chunk_size)
+        window = [self._waiting[i] for i in range(min(self.batch_window, len(self._waiting)))]
+        chosen = pick_batch([len(r.input_ids) for r in window], self.max_batch_tokens)
+        taken = set(chosen)
+        for _ in window:
+            self._waiting.popleft()
+        self._waiting.extendleft(reversed([r for i, r in enumerate(window) if i not in taken]))
+        return [window[i] for i in chosen]
+
+    def _run_guarded(self, requests: list[EngineRequest], run: Callable[[list[EngineRequest]], None]) -> None:
         try:
             run(requests)
         except Exception as exc:
             log.exception("forward of %s failed", [r.rid for r in requests])
             for request in requests:
+                request.cache = None
+                if request in self._chunking:
+                    self._chunking.remove(request)
                 if not request.future.done():
                     request.future.set_exception(exc)
 
     @torch.inference_mode()
     def _forward_batch(self, requests: list[EngineRequest]) -> None:
         lengths = [len(r.input_ids) for r in requests]
-        longest = max(lengths)
+        longest, count = max(lengths), len(requests)
         # Right padding: causal attention keeps real tokens from seeing the pad, positions stay 0..L-1.
-        ids = torch.zeros((len(requests), longest), dtype=torch.int64)
-        for index, request in enumerate(requests):
-            ids[index, : lengths[index]] = torch.tensor(request.input_ids, dtype=torch.int64)
-        started = time.perf_counter()
-        out = self.base(input_ids=ids.to(self.device), output_hidden_states=True, use_cache=False)
-        states = out.hidden_states
-        prenorm = self._prenorm
-        assert prenorm is not None
-        segments, parts_ids, parts_aux, parts_final, parts_prenorm = [], [], [], [], []
-        row = 0
-        for index, request in enumerate(requests):
-            n = lengths[index]
-            segments.append(Segment(request.rid, 0, row, n))
-            parts_ids.append(ids[index, :n])
-            parts_aux.append(torch.stack([states[c][index, :n] for c in self.capture], dim=1))
-            parts_final.append(states[-1][index, :n])
-            parts_prenorm.append(prenorm[index, :n])
-            row += n
-        self._emit(segments, parts_ids, parts_aux, parts_final, parts_prenorm)
-        self._account(started, sum(lengths))
-        for request, n in zip(requests, lengths, strict=True):
-            request.future.set_result(self._response(request, n))
+        ids = torch.zeros((count, longest), dtype=torch.int64, pin_memory=self.cuda)
+        for slot, request in enumerate(requests):
+            ids[slot, : lengths[slot]] = torch.tensor(request.input_ids, dtype=torch.int64)
+        now = time.monotonic()
+        for request in requests:
+            self.clock.observe("queue", now - request.arrived)
+        self.clock.tokens.inc(sum(lengths))
+        self.clock.padded_tokens.inc(padded_tokens(lengths))
+        began, started = self._mark()
+        out = self.base(
+            input_ids=ids.to(self.device, non_blocking=True),
+            output_hidden_states=True,
+            **{self._cache_kwarg: self._throwaway_cache()},
+        )
+        self.clock.observe("launch", time.perf_counter() - began)
+        states, prenorm = out.hidden_states, self._prenorm
+        self._prenorm = None
+        segments, row = [], 0
+        for request, length in zip(requests, lengths, strict=True):
+            segments.append(Segment(request.rid, 0, row, length, final_prenorm=request.final_prenorm))
+            row += length
+        index: torch.Tensor | None = None  # None: no padding, every row is real
+        if any(length != longest for length in lengths):
+            positions = [i * longest + p for i, length in enumerate(lengths) for p in range(length)]
+            index = torch.tensor(positions, dtype=torch.int64, pin_memory=self.cuda).to(self.device, non_blocking=True)
+
+        def rows(tensor: torch.Tensor) -> torch.Tensor:
+            flat = tensor.reshape(count * longest, -1)
+            return flat if index is None else flat.index_select(0, index)
+
+        flat_ids = ids.reshape(-1) if index is None else torch.cat([ids[i, :length] for i, length in enumerate(lengths)])
+        self._emit(
+            _Rows(segments, flat_ids, *self._gather(rows, states, prenorm, any(r.final_prenorm for r in requests))),
+            requests,
+            began,
+            started,
+        )
 
     @torch.inference_mode()
     def _forward_chunk(self, requests: list[EngineRequest]) -> None:
@@ -250,54 +313,89 @@ class Engine:
         end = min(len(request.input_ids), start + self.chunk_size)
         if request.cache is None:
             request.cache = transformers.DynamicCache(config=self.config)
-        ids = torch.tensor([request.input_ids[start:end]], dtype=torch.int64)
-        started = time.perf_counter()
+            self.clock.observe("queue", time.monotonic() - request.arrived)
+        ids = torch.tensor(request.input_ids[start:end], dtype=torch.int64)
+        if self.cuda:
+            ids = ids.pin_memory()
+        n = end - start
+        self.clock.tokens.inc(n)
+        self.clock.padded_tokens.inc(n)
+        began, started = self._mark()
         out = self.base(
-            input_ids=ids.to(self.device),
+            input_ids=ids.unsqueeze(0).to(self.device, non_blocking=True),
             output_hidden_states=True,
             use_cache=True,
             **{self._cache_kwarg: request.cache},
         )
-        states = out.hidden_states
-        n = end - start
-        aux = torch.stack([states[c][0, :n] for c in self.capture], dim=1)
-        prenorm = self._prenorm
-        assert prenorm is not None
-        self._emit([Segment(request.rid, start, 0, n)], [ids[0]], [aux], [states[-1][0, :n]], [prenorm[0, :n]])
-        self._account(started, n)
-        request.done_tokens = end
-        if end < len(request.input_ids):
-            self._chunking.append(request)
-        else:
-            request.cache = None
-            request.future.set_result(self._response(request, len(request.input_ids)))
-
-    def _emit(
-        self,
-        segments: list[Segment],
-        ids: list[torch.Tensor],
-        aux: list[torch.Tensor],
-        final: list[torch.Tensor],
-        prenorm: list[torch.Tensor],
-    ) -> None:
+        states, prenorm = out.hidden_states, self._prenorm
         self._prenorm = None
-        if self.sink is None or not any(self.sink.wants(s.rid) for s in segments):
-            return
-        self.sink.submit(
-            ExtendBatch(
-                segments=segments,
-                input_ids=torch.cat(ids).cpu(),
-                aux=torch.cat(aux).cpu(),
-                final=torch.cat(final).cpu(),
-                final_prenorm=torch.cat(prenorm).cpu(),
-            )
-        )
+        segment = Segment(request.rid, start, 0, n, final_prenorm=request.final_prenorm)
+        gathered = self._gather(lambda t: t.reshape(n, -1), states, prenorm, request.final_prenorm)
+        request.done_tokens = end
+        last = end >= len(request.input_ids)
+        if last:
+            request.cache = None
+        else:
+            self._chunking.append(request)
+        self._emit(_Rows([segment], ids, *gathered), requests if last else [], began, started)
 
-    def _account(self, started: float, tokens: int) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        self.forward_seconds += time.perf_counter() - started
-        self.forward_tokens += tokens
+    def _throwaway_cache(self) -> Any:
+        """An empty KV cache for a whole-prompt forward. Without a cache (and without a mask),
+        transformers checks the position ids for packed sequences and reads the answer back from
+        the device: a synchronization in every forward, which would stall the queue of forwards."""
+        import transformers
+
+        return transformers.DynamicCache(config=self.config)
+
+    def _gather(
+        self, rows: Callable[[torch.Tensor], torch.Tensor], states: Sequence[torch.Tensor], prenorm: Any, with_prenorm: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """aux ``[n, K, H]`` stacked on the device (one copy each to the host), final and pre-norm ``[n, H]``."""
+        aux = torch.stack([rows(states[c]) for c in self.capture], dim=1)
+        final = rows(states[-1])
+        if with_prenorm and prenorm is None:
+            raise RuntimeError("the pre-norm hook on the model's final norm did not run")
+        return aux, final, rows(prenorm) if with_prenorm else None
+
+    def _mark(self) -> tuple[float, Any]:
+        """Host time now and, on a GPU, an event recorded on the current stream."""
+        if not self.cuda:
+            return time.perf_counter(), None
+        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        event.record()
+        return time.perf_counter(), event
+
+    def _emit(self, rows: _Rows, answer: list[EngineRequest], began: float, started: Any) -> None:
+        """Hand a forward's rows to the sink; ``answer`` are resolved once its dumps are written."""
+        self.clock.batches.inc()
+        spans: list[tuple[str, Any, Any]] = []
+        ended: Any = None
+        if self.cuda:
+            ended = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            ended.record()
+            spans.append(("forward", started, ended))
+            self._in_flight.append(ended)
+        else:
+            self.clock.observe("forward", time.perf_counter() - began)
+
+        def complete() -> None:
+            for request in answer:
+                if not request.future.done():
+                    request.future.set_result(self._response(request, len(request.input_ids)))
+
+        wanted = self.sink is not None and any(self.sink.wants(s.rid) for s in rows.segments)
+        if self.sink is None or not wanted:
+            if ended is not None:
+                ended.synchronize()  # nothing to copy: answer once the forward is done
+                for stage, start, end in spans:
+                    self.clock.observe(stage, float(start.elapsed_time(end)) / 1e3)
+            complete()
+            return
+        batch: ExtendBatch = self.copier.copy(
+            rows.segments, rows.input_ids, rows.final, rows.aux, rows.prenorm, private=True, spans=spans
+        )
+        batch.on_complete = complete
+        self.sink.submit(batch)
 
     @staticmethod
     def _response(request: EngineRequest, tokens: int) -> dict[str, Any]:

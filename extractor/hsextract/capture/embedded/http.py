@@ -2,7 +2,10 @@
 
 ``POST /generate`` ({input_ids, rid, sampling_params: {max_new_tokens: 0}}), ``GET /health`` and
 ``/health_generate`` (200 only when a real forward works, 503 otherwise), ``GET /server_info``
-(also ``/get_server_info``) and ``GET /get_model_info``. Errors answer like SGLang:
+(also ``/get_server_info``), ``GET /get_model_info`` and ``GET /metrics`` (Prometheus: the capture
+stages, :mod:`hsextract.capture.stages`). ``/generate`` also takes ``hsextract_final_prenorm: true``
+to dump that request's pre-norm final state (only the ``speculators`` format needs it). A request is
+answered once its dump is written. Errors answer like SGLang:
 ``{"error": {"message": ...}}`` with a 4xx/5xx status.
 """
 
@@ -16,7 +19,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
 from hsextract.capture.embedded.engine import Engine
+from hsextract.contract.server_info import FINAL_PRENORM_KEY
 from hsextract.errors import BadRequestError
 
 log = logging.getLogger(__name__)
@@ -31,9 +37,7 @@ class EmbeddedServer:
     def __init__(self, engine: Engine, host: str, port: int) -> None:
         self.engine = engine
         handler = type("Handler", (_Handler,), {"engine": engine})
-        ThreadingHTTPServer.allow_reuse_address = True
-        self.httpd = ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _HTTPServer((host, port), handler)
 
     @property
     def port(self) -> int:
@@ -48,9 +52,16 @@ class EmbeddedServer:
         self.engine.shutdown()
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    allow_reuse_address = True
+    daemon_threads = True
+    request_queue_size = 1024  # an extractor opens --concurrency connections at once
+
+
 class _Handler(BaseHTTPRequestHandler):
     engine: Engine
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body leave as two writes: no 40 ms delayed-ACK stall
 
     def log_message(self, format: str, *args: Any) -> None:  # route access logs to logging
         log.debug("%s %s", self.address_string(), format % args)
@@ -72,6 +83,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._health()
         elif path in ("/server_info", "/get_server_info"):
             self._send(200, self.engine.info_json())
+        elif path == "/metrics":
+            self._metrics()
         elif path == "/get_model_info":
             self._send(200, {"model_path": str(self.engine.model_path), "is_generation": True})
         else:
@@ -85,11 +98,11 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             length = int(self.headers.get("Content-Length", "0"))
             body = json.loads(self.rfile.read(length) or b"null")
-            rid, input_ids = self._parse_generate(body)
+            rid, input_ids, final_prenorm = self._parse_generate(body)
         except (ValueError, BadRequestError) as exc:
             self._error(400, str(exc))
             return
-        future = self.engine.submit(rid, input_ids)
+        future = self.engine.submit(rid, input_ids, final_prenorm=final_prenorm)
         try:
             self._send(200, future.result(timeout=GENERATE_TIMEOUT_S))
         except FutureTimeout:
@@ -97,7 +110,7 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as exc:
             self._error(500, f"forward failed for {rid}: {type(exc).__name__}: {exc}")
 
-    def _parse_generate(self, body: Any) -> tuple[str, list[int]]:
+    def _parse_generate(self, body: Any) -> tuple[str, list[int], bool]:
         if not isinstance(body, dict):
             raise BadRequestError("not_an_object", "request body must be a JSON object")
         ids = body.get("input_ids")
@@ -116,7 +129,18 @@ class _Handler(BaseHTTPRequestHandler):
             rid = uuid.uuid4().hex
         if not isinstance(rid, str):
             raise BadRequestError("bad_rid", "rid must be a string")
-        return rid, ids
+        final_prenorm = body.get(FINAL_PRENORM_KEY, False)
+        if not isinstance(final_prenorm, bool):
+            raise BadRequestError("bad_final_prenorm", f"{FINAL_PRENORM_KEY} must be true or false")
+        return rid, ids, final_prenorm
+
+    def _metrics(self) -> None:
+        data = generate_latest(self.engine.clock.registry)
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def _health(self) -> None:
         started = time.monotonic()

@@ -14,15 +14,15 @@ DeepSeek). An optional second hook, ``make_prenorm_hook`` on ``model.norm``, add
 output before the norm (for the speculators format).
 
 On every extend pass the hook takes the first ``sum(extend_seq_lens_cpu)`` rows (the rest is
-padding), copies the rows of extractor rids into a reusable pinned buffer on a side stream, and hands
-the batch to the :class:`DumpSink`, whose thread assembles chunks by (rid, position) and writes the
-dump. The forward thread is held for launching the copy only. Nothing here ever raises into the
+padding), copies the rows of extractor rids (a list-form aux stacked on the device first) into a
+reusable pinned buffer on a side stream through the :class:`HostCopier` the embedded engine uses too,
+and hands the batch to the :class:`DumpSink`, whose threads assemble chunks by (rid, position) and
+write the dumps. The forward thread is held for launching the copy only. Nothing here ever raises into the
 server's forward: a failure is logged and leaves an ``error`` marker for the extractor to retry.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -33,8 +33,9 @@ from typing import Any
 
 import torch
 
-from hsextract.capture.dump_sink import DumpSink, ExtendBatch, Segment
-from hsextract.capture.pinned import PinnedBuffer, PinnedPool
+from hsextract.capture.dump_sink import DumpSink, Segment
+from hsextract.capture.pinned import HostCopier
+from hsextract.capture.stages import StageClock
 from hsextract.contract.dumps import DumpSource, write_error_marker
 from hsextract.contract.layers import capture_indices
 from hsextract.contract.rids import DEFAULT_PREFIX, check_prefix, parse_rid
@@ -51,7 +52,8 @@ class HookConfig:
     rid_prefix: str = DEFAULT_PREFIX
     layer_ids: tuple[int, ...] | None = None  # aux, 0-based, as recorded in every dump's meta
     model_path: str = ""
-    queue_size: int = 4  # extend batches copied and waiting for the writer thread
+    queue_size: int = 4  # extend batches copied and waiting for the writer threads
+    dump_writers: int = 4  # threads writing dumps in parallel
     final_prenorm: bool = False  # expect make_prenorm_hook on model.norm as well
 
     @classmethod
@@ -69,6 +71,7 @@ class HookConfig:
             layer_ids=None if layer_ids is None else tuple(int(i) for i in layer_ids),
             model_path=str(raw.get("model_path", "")),
             queue_size=int(raw.get("queue_size", 4)),
+            dump_writers=int(raw.get("dump_writers", 4)),
             final_prenorm=bool(raw.get("final_prenorm", False)),
         )
 
@@ -102,9 +105,16 @@ class HiddenStateDumper:
             final_norm_applied=True,
             provides_final_prenorm=config.final_prenorm,
         )
-        self.sink = DumpSink(config.dump_dir, source, rid_prefix=config.rid_prefix, queue_size=config.queue_size)
-        self.pool = PinnedPool(slots=config.queue_size + 2, pin=torch.cuda.is_available())
-        self._stream: Any = None
+        self.clock = StageClock()
+        self.sink = DumpSink(
+            config.dump_dir,
+            source,
+            rid_prefix=config.rid_prefix,
+            queue_size=config.queue_size,
+            writers=config.dump_writers,
+            clock=self.clock,
+        )
+        self.copier = HostCopier(slots=config.queue_size + 2)
         self._prenorm: torch.Tensor | None = None
         self._last_error_log = 0.0
         self.forward_seconds = 0.0  # time the forward thread spent in the hook (benchmarks read it)
@@ -174,81 +184,23 @@ class HiddenStateDumper:
         high = max(s.start_row + s.num_rows for s in wanted)
         rows = high - low
         width = int(hidden.shape[-1])
-        packed = isinstance(aux, torch.Tensor)
         num_aux = int(aux.shape[-1]) // width if isinstance(aux, torch.Tensor) else len(aux)
         if self.config.layer_ids is not None and num_aux != len(self.config.layer_ids):
             configured = list(self.config.layer_ids)
             raise RuntimeError(f"the server captures {num_aux} aux layers, the hook is configured for {configured}")
-        buffer = self.pool.acquire(rows, num_aux, width, hidden.dtype, prenorm=prenorm is not None)
-        try:
-            sources = [input_ids, hidden, *([aux] if isinstance(aux, torch.Tensor) else aux)]
-            if prenorm is not None:
-                sources.append(prenorm)
-            ready = self._copy(buffer, sources, low, high, width, num_aux, packed, prenorm is not None)
-        except BaseException:
-            self.pool.release(buffer)
-            raise
-        states = rows * width
-        aux_view = (
-            buffer.aux[: states * num_aux].view(rows, num_aux, width)
-            if packed
-            else buffer.aux[: states * num_aux].view(num_aux, rows, width).permute(1, 0, 2)
-        )
+        if isinstance(aux, torch.Tensor):  # DeepSeek packs them [n, K*H]: a view, no copy
+            aux_rows = aux[low:high].reshape(rows, num_aux, width)
+        else:  # a list of K [n, H]: stacked on the device, so the host gets one copy instead of K
+            aux_rows = torch.stack([a[low:high] for a in aux], dim=1)
         self.sink.submit(
-            ExtendBatch(
-                segments=[Segment(s.rid, s.prefix_len, s.start_row - low, s.num_rows) for s in wanted],
-                input_ids=buffer.ids[:rows],
-                aux=aux_view,
-                final=buffer.final[:states].view(rows, width),
-                final_prenorm=buffer.prenorm[:states].view(rows, width) if prenorm is not None else None,
-                ready=ready,
-                release=lambda: self.pool.release(buffer),
+            self.copier.copy(
+                [Segment(s.rid, s.prefix_len, s.start_row - low, s.num_rows) for s in wanted],
+                input_ids[low:high],
+                hidden[low:high],
+                aux_rows,
+                None if prenorm is None else prenorm[low:high],
             )
         )
-
-    def _copy(
-        self,
-        buffer: PinnedBuffer,
-        sources: list[torch.Tensor],
-        low: int,
-        high: int,
-        width: int,
-        num_aux: int,
-        packed: bool,
-        with_prenorm: bool,
-    ) -> Any:
-        rows = high - low
-        states = rows * width
-        input_ids, hidden = sources[0], sources[1]
-        aux_sources = sources[2:3] if packed else sources[2 : 2 + num_aux]
-        on_gpu = hidden.is_cuda
-        stream = None
-        if on_gpu:
-            if self._stream is None:
-                self._stream = torch.cuda.Stream(device=hidden.device)  # type: ignore[no-untyped-call]
-            stream = self._stream
-            # The side stream starts after everything queued so far (the states are final), and
-            # record_stream keeps the allocator from reusing their memory before the copy ends.
-            stream.wait_stream(torch.cuda.current_stream(hidden.device))
-        context = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-        with context:
-            buffer.ids[:rows].copy_(input_ids[low:high], non_blocking=on_gpu)
-            buffer.final[:states].view(rows, width).copy_(hidden[low:high], non_blocking=on_gpu)
-            if packed:
-                buffer.aux[: states * num_aux].view(rows, num_aux * width).copy_(aux_sources[0][low:high], non_blocking=on_gpu)
-            else:
-                target = buffer.aux[: states * num_aux].view(num_aux, rows, width)
-                for k, source in enumerate(aux_sources):
-                    target[k].copy_(source[low:high], non_blocking=on_gpu)
-            if with_prenorm:
-                buffer.prenorm[:states].view(rows, width).copy_(sources[-1][low:high], non_blocking=on_gpu)
-            if stream is None:
-                return None
-            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            event.record(stream)
-        for source in sources:
-            source.record_stream(stream)
-        return event
 
     def _report(self, exc: Exception, wanted: Sequence[Segment]) -> None:
         now = time.monotonic()

@@ -3,8 +3,9 @@
 ``hsextract launch-sglang --config FILE`` reads the YAML the Ansible role renders and execs
 ``<ml-env python> -m sglang.launch_server ...`` with: the radix cache off (a cached prefix is never
 recomputed, so its rows would never be dumped), aux hidden-state capture for the configured layers,
-the dump hook, prefill CUDA graphs off (hooks do not run on graph replay), and the chunked prefill
-size. Settings that would corrupt or lose data are refused before anything starts.
+the dump hook, prefill CUDA graphs off (hooks do not run on graph replay), the chunked prefill
+size, and, when ``disable_custom_all_reduce`` is set (LXC containers), NCCL-only all-reduce.
+Settings that would corrupt or lose data are refused before anything starts.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ _OWNED_FLAGS = {
     "--disable-radix-cache": "(always set)",
     "--mem-fraction-static": "mem_fraction_static",
     "--dp-size": "dp_size",
+    "--disable-custom-all-reduce": "disable_custom_all_reduce",
 }
 #: flags refused outright, with the reason
 _REFUSED_FLAGS = {
@@ -129,6 +131,7 @@ def hook_specs(config: SGLangLaunchConfig, aux_layer_ids: list[int]) -> list[dic
         "layer_ids": aux_layer_ids,
         "model_path": config.model_path,
         "queue_size": config.hook_queue_size,
+        "dump_writers": config.hook_dump_writers,
         "final_prenorm": config.final_prenorm,
     }
     specs = [
@@ -190,6 +193,8 @@ def build_command(config: SGLangLaunchConfig) -> list[str]:
         argv += ["--dp-size", str(config.dp_size)]
     if config.enable_dp_attention:
         argv.append("--enable-dp-attention")
+    if config.disable_custom_all_reduce:
+        argv.append("--disable-custom-all-reduce")
     if config.enable_metrics:
         argv.append("--enable-metrics")
     if config.trust_remote_code:

@@ -1,0 +1,713 @@
+"""End-to-end GPU benchmark: does ``hsextract serve`` + ``hsextract extract`` keep pace with the model?
+
+Creates everything on the GPU host, nothing downloaded:
+
+* an 8B-Llama-shaped model with random bf16 weights (hidden 4096, 32 layers, 32 heads, 8 KV heads,
+  intermediate 14336, vocab 128256), made on the GPU and written with ``save_pretrained``;
+* a JSONL dataset of --rows rows (default 2000) with log-normal lengths (median --median 735, the
+  longest exactly --longest 4096), truncated by the extractor to --max-seq-len 2048.
+
+Then, in one run:
+
+(a) ``forward``: the plain transformers forward (decoder stack, ``output_hidden_states``, no
+    dumping; the saved model loaded as the server loads it) of the same truncated rows, right-padded,
+    sorted by length over the whole dataset and batched to the same --max-batch-tokens budget as the
+    server: the model's own rate. Like the engine it passes an empty KV cache, which spares every
+    forward transformers' packed-sequence check (a read of a device value).
+(b) ``e2e_disk``: ``hsextract serve --device cuda`` (a subprocess, started once) and ``Extraction.run()``
+    (what ``hsextract extract`` runs, in this process so its stage metrics can be read) with the
+    output on the local disk (--disk-dir); wall time including preflight and planning.
+(c) ``e2e_tmpfs``: the same with the output on tmpfs (--tmpfs-dir).
+(d) ``disk_write``: a plain write of the same files' bytes (sizes from (b)'s samples.jsonl) to
+    --disk-dir, 8 threads, no fsync (as the extractor writes), expressed in tokens/s.
+
+``e2e_vs_forward_ratio`` = (c) / (a); ``e2e_vs_limit_ratio`` = (b) / min((a), (d)); GPU utilisation
+(NVML) is sampled during each phase; per-stage seconds come from the server's ``/metrics`` and the
+extractor's ``hsextract_stage_seconds``; synchronizing CUDA calls on the engine's forward thread are
+counted with ``torch.cuda.set_sync_debug_mode``. Reference checks on the GPU: (1) the first rows of (c)'s
+output against a batch-1 plain forward of the same rows on the same bf16 model (own layer index vs
+the neighbouring ones); (2) a float32 Llama-shaped small model through the embedded engine on CUDA,
+batched with padding, against batch-1 float32 forwards at 1e-4. --cpu-smoke runs the whole script
+at toy sizes on the CPU (its numbers mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import platform
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, suppress
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+import transformers
+
+from hsextract.capture.embedded import Engine
+from hsextract.config import ExtractConfig, ServeConfig
+from hsextract.contract.dumps import read_dump
+from hsextract.contract.rids import make_rid
+from hsextract.extract.formats import open_format
+from hsextract.extract.metrics import ExtractMetrics
+from hsextract.extract.run import Extraction
+
+log = logging.getLogger("bench_gpu_e2e")
+TARGETS = {"e2e_vs_forward_ratio": 0.9, "e2e_vs_limit_ratio": 0.9, "e2e_disk_tokens_per_s": 27000.0}
+GB = 1e9
+DEFAULT_CONCURRENCY: int = ExtractConfig.model_fields["concurrency"].default
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+class Results:
+    """The result JSON, rewritten after every phase so a run cut short still leaves its figures."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data: dict[str, Any] = {"measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+    def update(self, **items: Any) -> None:
+        self.data.update(items)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(self.data, indent=1) + "\n")
+
+
+class GpuSampler:
+    """Mean GPU utilisation (NVML, else nvidia-smi) over a phase, sampled every 100 ms."""
+
+    def __init__(self) -> None:
+        self._read: Callable[[], float] | None = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device() if torch.cuda.is_available() else 0)
+            self._read = lambda: float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            self.source = "nvml"
+        except Exception:
+            if shutil.which("nvidia-smi"):
+                self._read = _nvidia_smi_util
+                self.source = "nvidia-smi"
+            else:
+                self.source = "none"
+
+    @contextmanager
+    def sampling(self, into: list[float]) -> Iterator[None]:
+        stop = threading.Event()
+
+        def run() -> None:
+            while self._read is not None and not stop.wait(0.1):
+                try:
+                    into.append(self._read())
+                except Exception:
+                    return
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+
+def _nvidia_smi_util() -> float:
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"], capture_output=True, text=True
+    )
+    return float(out.stdout.split()[0])
+
+
+def mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def hardware(args: argparse.Namespace) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "disk_dir": str(args.disk_dir),
+        "disk_free_gb": shutil.disk_usage(args.disk_dir).free / GB,
+        "tmpfs_dir": str(args.tmpfs_dir),
+        "tmpfs_free_gb": shutil.disk_usage(args.tmpfs_dir).free / GB,
+    }
+    with suppress(ValueError, OSError):
+        info["memory_gb"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GB
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(gpu=props.name, gpu_memory_gb=props.total_memory / GB, gpu_sms=props.multi_processor_count)
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,pcie.link.gen.max", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+        )
+        info["nvidia_smi"] = smi.stdout.strip()
+    return info
+
+
+# -- model and data -------------------------------------------------------------------------------
+def make_model(directory: Path, args: argparse.Namespace, device: torch.device) -> None:
+    """A random-weight Llama of the requested shape, made on ``device`` and saved."""
+    config = transformers.LlamaConfig(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        max_position_embeddings=8192,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(args.torch_dtype)
+    try:
+        with device:
+            model = transformers.AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
+    finally:
+        torch.set_default_dtype(previous)
+    model.config.dtype = args.dtype
+    started = time.perf_counter()
+    model.save_pretrained(str(directory))
+    log.info(
+        "model: %.2f B parameters, saved to %s in %.1f s", model.num_parameters() / 1e9, directory, time.perf_counter() - started
+    )
+
+
+def load_model(directory: Path, device: torch.device) -> Any:
+    """The saved model loaded as ``hsextract serve`` loads it (same weights, same buffers: RoPE
+    frequencies stay float32, which a model cast to bf16 in memory would not have)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory)
+    return model.to(device).eval()
+
+
+def make_dataset(path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Log-normal lengths around ``args.median``, the longest exactly ``args.longest``."""
+    rng = random.Random(1234)
+    lengths = [min(args.longest, max(16, round(rng.lognormvariate(math.log(args.median), args.sigma)))) for _ in range(args.rows)]
+    lengths[max(range(args.rows), key=lengths.__getitem__)] = args.longest
+    with open(path, "w") as handle:
+        for length in lengths:
+            ids = [rng.randrange(args.vocab) for _ in range(length)]
+            mask = [0] * min(length, 64) + [1] * max(0, length - 64)
+            handle.write(json.dumps({"input_ids": ids, "loss_mask": mask}) + "\n")
+    truncated = [min(length, args.max_seq_len) for length in lengths]
+    return {
+        "rows": args.rows,
+        "median_length": statistics.median(lengths),
+        "mean_length": statistics.fmean(lengths),
+        "longest": max(lengths),
+        "rows_truncated": sum(length > args.max_seq_len for length in lengths),
+        "tokens_before_truncation": sum(lengths),
+        "tokens": sum(truncated),
+        "lengths_truncated": truncated,
+    }
+
+
+def read_rows(path: Path, max_seq_len: int) -> list[list[int]]:
+    with open(path) as handle:
+        return [json.loads(line)["input_ids"][:max_seq_len] for line in handle]
+
+
+# -- (a) the plain forward ----------------------------------------------------------------------------
+def sorted_batches(lengths: list[int], budget: int) -> list[list[int]]:
+    """Row indices in batches: all rows sorted by length, consecutive rows while the padded batch fits."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for index in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if current and lengths[index] * (len(current) + 1) > budget:
+            batches.append(current)
+            current = []
+        current.append(index)
+    if current:
+        batches.append(current)
+    return batches
+
+
+@torch.inference_mode()
+def plain_forward(model: Any, rows: list[list[int]], args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    base = model.base_model
+    lengths = [len(r) for r in rows]
+    batches = sorted_batches(lengths, args.max_batch_tokens)
+
+    def run(batch: list[int]) -> None:
+        longest = max(lengths[i] for i in batch)
+        ids = torch.zeros((len(batch), longest), dtype=torch.int64)
+        for slot, index in enumerate(batch):
+            ids[slot, : lengths[index]] = torch.tensor(rows[index])
+        # An empty cache, as the engine passes: without one transformers reads a device value back in
+        # every forward (its packed-sequence check), which would stall the queue of forwards.
+        cache = transformers.DynamicCache(config=model.config)
+        out = base(input_ids=ids.to(device, non_blocking=True), output_hidden_states=True, cache=cache)
+        del out
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for batch in (batches[-1], batches[len(batches) // 2]):  # warm-up: the largest and a middle shape
+        run(batch)
+    sync()
+    util: list[float] = []
+    with SAMPLER.sampling(util):
+        started = time.perf_counter()
+        for batch in batches:
+            run(batch)
+        sync()
+        seconds = time.perf_counter() - started
+    tokens = sum(lengths)
+    padded = sum(max(lengths[i] for i in b) * len(b) for b in batches)
+    return {
+        "seconds": seconds,
+        "tokens": tokens,
+        "tokens_per_s": tokens / seconds,
+        "batches": len(batches),
+        "padded_tokens": padded,
+        "padding_fraction": 1 - tokens / padded,
+        "gpu_util_mean": mean(util),
+        "batching": "all rows sorted by length, consecutive rows up to the token budget (padded)",
+    }
+
+
+# -- (b), (c): serve + extract ---------------------------------------------------------------------
+def scrape(url: str) -> dict[str, float]:
+    """The server's /metrics as {name{labels}: value} for our counters and stage sums."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values: dict[str, float] = {}
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("hsextract_server_") and not sample.name.endswith("_bucket"):
+                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return values
+
+
+def server_stages(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    diff = {k: after[k] - before.get(k, 0.0) for k in after}
+    stages = {
+        key.split("stage=")[1].rstrip("}"): value
+        for key, value in diff.items()
+        if key.startswith("hsextract_server_stage_seconds_sum")
+    }
+    counts = {
+        key.split("stage=")[1].rstrip("}"): value
+        for key, value in diff.items()
+        if key.startswith("hsextract_server_stage_seconds_count")
+    }
+    tokens, padded = diff.get("hsextract_server_tokens_total", 0.0), diff.get("hsextract_server_padded_tokens_total", 0.0)
+    return {
+        "stage_seconds_sum": stages,
+        "stage_counts": counts,
+        "batches": diff.get("hsextract_server_batches_total"),
+        "tokens": tokens,
+        "padded_tokens": padded,
+        "padding_fraction": 1 - tokens / padded if padded else None,
+        "dumps": diff.get("hsextract_server_dumps_total"),
+        "dump_bytes": diff.get("hsextract_server_dump_bytes_total"),
+    }
+
+
+def extract(url: str, data: Path, output: Path, args: argparse.Namespace, expected_tokens: int) -> dict[str, Any]:
+    metrics = ExtractMetrics()
+    config = ExtractConfig.model_validate(
+        {
+            "server": url,
+            "dataset": data,
+            "output": output,
+            "max_seq_len": args.max_seq_len,
+            "concurrency": args.concurrency,
+            "log_interval_s": 15.0,
+        }
+    )
+    before = scrape(url)
+    util: list[float] = []
+    with SAMPLER.sampling(util):
+        started = time.perf_counter()
+        summary = Extraction(config, metrics=metrics).run()
+        seconds = time.perf_counter() - started
+    after = scrape(url)
+    if summary.status != "complete" or summary.total_tokens != expected_tokens:
+        raise RuntimeError(f"extraction ended {summary.status} with {summary.total_tokens}/{expected_tokens} tokens written")
+    written = sum(json.loads(line)["bytes"] for line in (output / "samples.jsonl").read_text().splitlines())
+    sync_started = time.perf_counter()
+    os.sync()
+    return {
+        "seconds": seconds,
+        "tokens": summary.total_tokens,
+        "samples": summary.total_samples,
+        "tokens_per_s": summary.total_tokens / seconds,
+        "output_bytes": written,
+        "output_gb_per_s": written / seconds / GB,
+        "sync_after_s": time.perf_counter() - sync_started,
+        "gpu_util_mean": mean(util),
+        "gpu_util_samples": len(util),
+        "extractor_stage_seconds_sum": metrics.stage_totals(),
+        "extractor_concurrency": args.concurrency,
+        "server": server_stages(before, after),
+    }
+
+
+def start_server(
+    model_dir: Path, dump_dir: Path, args: argparse.Namespace, log_path: Path
+) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "hsextract",
+        "serve",
+        "--model",
+        str(model_dir),
+        "--dump-dir",
+        str(dump_dir),
+        "--port",
+        str(port),
+        "--device",
+        args.device,
+        "--max-batch-tokens",
+        str(args.max_batch_tokens),
+        "--chunked-prefill-size",
+        str(args.chunked_prefill_size),
+    ]
+    with open(log_path, "wb") as server_log:
+        server = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT)
+    return server, f"http://127.0.0.1:{port}"
+
+
+def wait_healthy(url: str, server: subprocess.Popen[bytes], log_path: Path, timeout_s: float = 900.0) -> float:
+    started = time.perf_counter()
+    while time.perf_counter() - started < timeout_s and server.poll() is None:
+        try:
+            if httpx.get(f"{url}/health_generate", timeout=60.0).status_code == 200:
+                return time.perf_counter() - started
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    tail = log_path.read_text(errors="replace")[-4000:]
+    raise RuntimeError(f"hsextract serve did not become healthy (exit code {server.poll()}); its log ends:\n{tail}")
+
+
+# -- (d): plain write -----------------------------------------------------------------------------
+def plain_write(directory: Path, sizes: list[int], tokens: int, threads: int = 8) -> dict[str, Any]:
+    directory.mkdir(parents=True)
+    block = os.urandom(1 << 20) * (max(sizes) // (1 << 20) + 1)
+    view = memoryview(block)
+
+    def write(item: tuple[int, int]) -> None:
+        index, size = item
+        with open(directory / f"{index}.bin", "wb") as handle:
+            handle.write(view[:size])
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(write, enumerate(sizes)))
+    seconds = time.perf_counter() - started
+    sync_started = time.perf_counter()
+    os.sync()
+    sync_s = time.perf_counter() - sync_started
+    total = sum(sizes)
+    shutil.rmtree(directory)
+    return {
+        "seconds": seconds,
+        "bytes": total,
+        "gb_per_s": total / seconds / GB,
+        "tokens_per_s": tokens / seconds,  # the output of `tokens` tokens is `total` bytes
+        "sync_after_s": sync_s,
+        "gb_per_s_including_sync": total / (seconds + sync_s) / GB,
+        "threads": threads,
+        "how": "same file sizes as (b)'s output, written from memory, no fsync (as the extractor writes)",
+    }
+
+
+# -- reference checks -----------------------------------------------------------------------------------
+@torch.inference_mode()
+def reference_bf16(model: Any, output: Path, rows: int, aux_ids: list[int], device: torch.device) -> dict[str, Any]:
+    """The first rows of an output against a batch-1 plain forward of each row on the same model."""
+    fmt = open_format("specforge", output)
+    worst_own, best_neighbour_margin, worst_final = 0.0, math.inf, 0.0
+    for row in range(rows):
+        stored = fmt.read_sample(row)
+        out = model.base_model(input_ids=stored.input_ids.unsqueeze(0).to(device), output_hidden_states=True, use_cache=False)
+        states = [h[0].float() for h in out.hidden_states]
+        for k, layer_id in enumerate(aux_ids):
+            got = stored.aux_hidden_states[:, k].to(device).float()
+            scale = states[layer_id + 1].abs().max().item()
+            own = (got - states[layer_id + 1]).abs().max().item() / scale
+            neighbours = [
+                (got - states[i]).abs().max().item() / scale for i in (layer_id, layer_id + 2) if 0 <= i < len(states) - 1
+            ]
+            worst_own = max(worst_own, own)
+            best_neighbour_margin = min(best_neighbour_margin, min(neighbours) / max(own, 1e-9))
+        final = stored.final_hidden_state.to(device).float()
+        worst_final = max(worst_final, (final - states[-1]).abs().max().item() / states[-1].abs().max().item())
+    passed = worst_own < 0.05 and worst_final < 0.05 and best_neighbour_margin > 5
+    return {
+        "what": "first rows of (c)'s output vs a batch-1 plain forward of each row, same bf16 model on the GPU; "
+        "max |diff| / max |ref| at the layer's own hidden_states index, and how much farther the neighbouring indices are",
+        "rows": rows,
+        "worst_relative_error_own_index": worst_own,
+        "worst_relative_error_final": worst_final,
+        "smallest_neighbour_over_own": best_neighbour_margin,
+        "passed": passed,
+    }
+
+
+@torch.inference_mode()
+def reference_fp32(work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """A float32 Llama-shaped small model through the embedded engine (batched, padded) vs batch-1 forwards."""
+    from hsextract.dev.tiny_model import make_tiny_model
+
+    model_dir = make_tiny_model(work / "fp32-model", "llama", layers=8, hidden=256, vocab_size=4096, dtype="float32")
+    dump_dir = work / "fp32-dumps"
+    serve = ServeConfig(model=model_dir, dump_dir=dump_dir, device=args.device, max_batch_tokens=2048, chunked_prefill_size=256)
+    engine = Engine(serve)
+    rng = random.Random(7)
+    prompts = [[rng.randrange(4096) for _ in range(rng.randint(20, 600))] for _ in range(12)]
+    syncs: list[str] = []
+    try:
+        with sync_warnings(syncs, args.device == "cuda"):
+            futures = [engine.submit(make_rid(i, len(p)), p) for i, p in enumerate(prompts)]
+            for future in futures:
+                future.result(timeout=300)
+    finally:
+        engine.shutdown()
+    on_forward_thread = [m for m in syncs if m.startswith("hsextract-scheduler:")]
+    reference = transformers.AutoModelForCausalLM.from_pretrained(model_dir).to(args.device).eval()
+    worst = 0.0
+
+    def relative(got: torch.Tensor, want: torch.Tensor) -> float:
+        return float((got.to(want.device) - want).abs().max().item() / want.abs().max().item())
+
+    for i, prompt in enumerate(prompts):
+        dump = read_dump(dump_dir / make_rid(i, len(prompt)))
+        ids = torch.tensor([prompt], device=args.device)
+        states = reference.base_model(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
+        for k, layer_id in enumerate(engine.aux_layer_ids):
+            worst = max(worst, relative(dump.aux_hidden_states[:, k], states[layer_id + 1][0]))
+        worst = max(worst, relative(dump.final_hidden_state, states[-1][0]))
+    return {
+        "what": "float32 Llama (hidden 256, 8 layers) through the embedded engine on the device, 12 prompts of 20-600 "
+        "tokens batched with padding and chunked at 256, vs batch-1 float32 forwards; max |diff| / max |ref|",
+        "worst_relative_error": worst,
+        "tolerance": 1e-4,
+        "passed": worst < 1e-4,
+        "device_syncs_on_forward_thread": len(on_forward_thread),
+        "device_syncs_elsewhere": len(syncs) - len(on_forward_thread),
+        "device_sync_examples": syncs[:5],
+        "device_syncs_how": "torch.cuda.set_sync_debug_mode('warn') while the engine served the prompts; "
+        "waits on one forward's own event are not device-wide and are not counted",
+    }
+
+
+@contextmanager
+def sync_warnings(into: list[str], enabled: bool) -> Iterator[None]:
+    """Record (thread: message) for every synchronizing CUDA call PyTorch warns about, any thread."""
+    if not enabled:
+        yield
+        return
+
+    def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        into.append(f"{threading.current_thread().name}: {str(message).splitlines()[0][:200]}")
+
+    with warnings.catch_warnings():  # the filters and showwarning are process-wide: every thread
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+
+
+# -- main -------------------------------------------------------------------------------------------------
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--out", type=Path, default=Path("bench/results-gpu-e2e.json"), help="result JSON (default: %(default)s)")
+    add(
+        "--disk-dir", type=Path, default=Path(__file__).resolve().parent / "work", help="local disk scratch (default: bench/work)"
+    )
+    add(
+        "--tmpfs-dir",
+        type=Path,
+        default=Path("/dev/shm"),
+        help="tmpfs scratch: model, dumps, (c)'s output (default: %(default)s)",
+    )
+    add("--rows", type=int, default=2000)
+    add("--median", type=int, default=735, help="median prompt length")
+    add("--sigma", type=float, default=0.6, help="log-normal sigma of the lengths")
+    add("--longest", type=int, default=4096, help="the longest row's length")
+    add("--max-seq-len", type=int, default=2048, help="the extractor truncates to this")
+    add("--max-batch-tokens", type=int, default=16384, help="token budget of one forward, (a) and the server")
+    add("--chunked-prefill-size", type=int, default=2048)
+    add(
+        "--concurrency",
+        type=int,
+        default=DEFAULT_CONCURRENCY,
+        help="extractor requests in flight (default: the CLI's, %(default)s)",
+    )
+    add("--hidden", type=int, default=4096)
+    add("--intermediate", type=int, default=14336)
+    add("--layers", type=int, default=32)
+    add("--heads", type=int, default=32)
+    add("--kv-heads", type=int, default=8)
+    add("--vocab", type=int, default=128256)
+    add("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    add("--reference-rows", type=int, default=8, help="rows of (c)'s output compared with a plain forward")
+    add("--skip", default="", help="comma-separated phases to skip: a,b,c,d,ref")
+    add("--cpu-smoke", action="store_true", help="toy sizes on the CPU: checks the script end to end, measures nothing")
+    args = parser.parse_args()
+    if args.cpu_smoke:
+        args.rows, args.median, args.longest, args.max_seq_len = 24, 60, 300, 200
+        args.max_batch_tokens, args.chunked_prefill_size, args.concurrency = 512, 128, 8
+        args.hidden, args.intermediate, args.layers, args.heads, args.kv_heads, args.vocab = 64, 128, 8, 4, 2, 1024
+        args.reference_rows, args.dtype = 4, "bfloat16"
+    args.device = "cpu" if args.cpu_smoke else "cuda"
+    args.torch_dtype = getattr(torch, args.dtype)
+    return args
+
+
+SAMPLER: GpuSampler
+
+
+def main() -> int:
+    global SAMPLER
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpcore", "transformers", "hsextract.extract.dataset"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    args = parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run with --cpu-smoke to check the script on the CPU")
+    skip = {s for s in args.skip.split(",") if s}
+    device = torch.device(args.device)
+    args.disk_dir.mkdir(parents=True, exist_ok=True)
+    SAMPLER = GpuSampler()
+    results = Results(args.out)
+    disk = Path(tempfile.mkdtemp(prefix="hsx-e2e-", dir=args.disk_dir))
+    tmpfs = Path(tempfile.mkdtemp(prefix="hsx-e2e-", dir=args.tmpfs_dir))
+    server: subprocess.Popen[bytes] | None = None
+    config = {k: (str(v) if isinstance(v, Path | torch.dtype) else v) for k, v in vars(args).items()}
+    results.update(hardware=hardware(args), config=config, targets=TARGETS, gpu_util_source=SAMPLER.source)
+    try:
+        make_model(tmpfs / "model", args, device)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        data = tmpfs / "data.jsonl"
+        dataset = make_dataset(data, args)
+        rows = read_rows(data, args.max_seq_len)
+        tokens = sum(len(r) for r in rows)
+        need = tokens * (3 + 1) * args.hidden * 2 * 1.05
+        free = shutil.disk_usage(disk).free
+        if "b" not in skip and need > free:
+            raise SystemExit(
+                f"{disk} has {free / GB:.1f} GB free, (b) writes about {need / GB:.1f} GB: pass --disk-dir elsewhere"
+            )
+        free = shutil.disk_usage(tmpfs).free
+        if "c" not in skip and need > free:
+            raise SystemExit(
+                f"{tmpfs} has {free / GB:.1f} GB free, (c) writes about {need / GB:.1f} GB: pass --tmpfs-dir elsewhere"
+            )
+        results.update(dataset={k: v for k, v in dataset.items() if k != "lengths_truncated"})
+        log.info("dataset: %d rows, %d tokens after truncation to %d", args.rows, tokens, args.max_seq_len)
+        server_log = disk / "server.log"
+        server, url = start_server(tmpfs / "model", tmpfs / "dumps", args, server_log)
+        if "ref" not in skip:
+            results.update(reference_fp32=reference_fp32(tmpfs, args))
+            log.info("fp32 reference: %s", results.data["reference_fp32"])
+        model = load_model(tmpfs / "model", device)
+        healthy_s = wait_healthy(url, server, server_log)
+        log.info("server healthy after %.1f s", healthy_s)
+        phases: dict[str, Any] = {}
+        if "a" not in skip:
+            phases["a_forward"] = plain_forward(model, rows, args, device)
+            log.info("(a) forward: %.0f tokens/s", phases["a_forward"]["tokens_per_s"])
+            results.update(phases=phases)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        if "b" not in skip:
+            phases["b_e2e_disk"] = extract(url, data, disk / "out", args, tokens)
+            log.info("(b) e2e disk: %.0f tokens/s", phases["b_e2e_disk"]["tokens_per_s"])
+            results.update(phases=phases)
+            sizes = [json.loads(line)["bytes"] for line in (disk / "out" / "samples.jsonl").read_text().splitlines()]
+            shutil.rmtree(disk / "out")
+        else:
+            sizes = [len(r) * (3 + 1) * args.hidden * 2 + 2000 for r in rows]
+        if "c" not in skip:
+            phases["c_e2e_tmpfs"] = extract(url, data, tmpfs / "out", args, tokens)
+            log.info("(c) e2e tmpfs: %.0f tokens/s", phases["c_e2e_tmpfs"]["tokens_per_s"])
+            results.update(phases=phases)
+            if "ref" not in skip:
+                aux_ids = json.loads((tmpfs / "out" / "data_config.json").read_text())["aux_layer_ids"]
+                results.update(reference_bf16=reference_bf16(model, tmpfs / "out", args.reference_rows, aux_ids, device))
+                log.info("bf16 reference: %s", results.data["reference_bf16"])
+            shutil.rmtree(tmpfs / "out")
+        if "d" not in skip:
+            phases["d_disk_write"] = plain_write(disk / "plain", sizes, tokens)
+            log.info("(d) plain write: %.2f GB/s", phases["d_disk_write"]["gb_per_s"])
+            results.update(phases=phases)
+        summary = headline(phases)
+        results.update(**summary)
+        print(json.dumps(summary, indent=1))
+    finally:
+        if server is not None:
+            server.terminate()
+            try:
+                server.wait(60)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+            log_copy = args.out.with_name(args.out.stem + "-server.log")
+            shutil.copyfile(disk / "server.log", log_copy)
+        shutil.rmtree(disk, ignore_errors=True)
+        shutil.rmtree(tmpfs, ignore_errors=True)
+    return 0
+
+
+def headline(phases: dict[str, Any]) -> dict[str, Any]:
+    rate = {name: phase.get("tokens_per_s") for name, phase in phases.items()}
+    a, b, c, d = (rate.get(k) for k in ("a_forward", "b_e2e_disk", "c_e2e_tmpfs", "d_disk_write"))
+    out: dict[str, Any] = {"tokens_per_s": rate}
+    if a and c:
+        out["e2e_vs_forward_ratio"] = c / a
+    if a and b and d:
+        out["e2e_vs_limit_ratio"] = b / min(a, d)
+        out["limit"] = "forward" if a <= d else "disk"
+    if b is not None:
+        out["e2e_disk_tokens_per_s"] = b
+        out["gpu_util_mean_during_b"] = phases["b_e2e_disk"]["gpu_util_mean"]
+    out["met"] = {name: name in out and out[name] >= target for name, target in TARGETS.items()}
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Where a server's time goes: seconds per stage of the capture path, and batch shape counters.
+
+Stages (``hsextract_server_stage_seconds{stage=...}``, a histogram per stage):
+
+* ``queue``: a request's wait from arrival to the start of its forward (embedded engine)
+* ``launch``: host time the scheduler thread spent queueing one batched forward (on a GPU the
+  forward itself runs on; a launch as long as the forward would leave the device waiting)
+* ``forward``: GPU time of one forward (batch or chunk), from CUDA events (host time on the CPU)
+* ``d2h``: GPU time of one batch's device-to-host copy on the side stream
+* ``wait_copy``: how long the dump assembler waited for a copy to land
+* ``dump_write``: one dump written (a writer thread; several run at once)
+
+Sums of a stage can exceed the wall time where its work runs in parallel (``dump_write``).
+The embedded server serves these on ``GET /metrics``; the SGLang hook keeps only the totals
+(:meth:`StageClock.totals`), which its benchmark reads.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+STAGES = ("queue", "launch", "forward", "d2h", "wait_copy", "dump_write")
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class StageClock:
+    """Thread-safe per-stage seconds, mirrored into Prometheus metrics on ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self._seconds = Histogram(
+            "hsextract_server_stage_seconds",
+            "Seconds per capture stage and batch or dump",
+            ["stage"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.batches = Counter("hsextract_server_batches", "Forward passes run (batches and prefill chunks)", registry=r)
+        self.tokens = Counter("hsextract_server_tokens", "Prompt tokens forwarded", registry=r)
+        self.padded_tokens = Counter(
+            "hsextract_server_padded_tokens", "Token slots forwarded including right padding", registry=r
+        )
+        self.dumps = Counter("hsextract_server_dumps", "Dumps written", registry=r)
+        self.dump_bytes = Counter("hsextract_server_dump_bytes", "Bytes of hidden.safetensors written", registry=r)
+        self._lock = threading.Lock()
+        self._totals = dict.fromkeys(STAGES, 0.0)
+        self._counts = dict.fromkeys(STAGES, 0)
+        for stage in STAGES:
+            self._seconds.labels(stage)
+
+    def observe(self, stage: str, seconds: float) -> None:
+        self._seconds.labels(stage).observe(seconds)
+        with self._lock:
+            self._totals[stage] = self._totals.get(stage, 0.0) + seconds
+            self._counts[stage] = self._counts.get(stage, 0) + 1
+
+    def totals(self) -> dict[str, float]:
+        """Summed seconds per stage so far."""
+        with self._lock:
+            return dict(self._totals)
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
