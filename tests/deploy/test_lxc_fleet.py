@@ -33,8 +33,9 @@ SSH_OPTIONS = "--ssh-option StrictHostKeyChecking=no --ssh-option UserKnownHosts
 def containers(request: pytest.FixtureRequest) -> dict[str, Container]:
     _require_host()
     started: dict[str, Container] = {}
-    for host, (name, net) in FLEET.items():
+    for vmid, (host, (name, net)) in enumerate(FLEET.items(), start=191):
         env = {**os.environ, "HSX_LXC_NAME": name, "HSX_LXC_NET": net, "HSX_LXC_DIR": f"/var/tmp/{name}"}
+        env["HSX_LXC_VMID"] = str(vmid)
         env.setdefault("HSX_HOST_PIP", str(REPO / ".venv" / "bin" / "pip"))
         request.addfinalizer(lambda env=env: subprocess.run([str(TESTBED), "down"], env=env, check=False))
         proc = subprocess.run([str(TESTBED), "up"], env=env, capture_output=True, text=True, timeout=900)
@@ -42,7 +43,10 @@ def containers(request: pytest.FixtureRequest) -> dict[str, Container]:
         if proc.returncode != 0:
             pytest.fail(f"testbed.sh up {name} failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
         info = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
-        started[host] = Container(info["HSX_LXC_NAME"], info["HSX_LXC_IP"], info["HSX_LXC_KEY"], info["HSX_LXC_WHEELHOUSE"])
+        started[host] = Container(
+            info["HSX_LXC_NAME"], info["HSX_LXC_IP"], info["HSX_LXC_KEY"], info["HSX_LXC_WHEELHOUSE"],
+            int(info["HSX_LXC_VMID"]), info["HSX_LXC_PCT"], Path(info["HSX_LXC_PCT_LOG"]),
+        )  # fmt: skip
     return started
 
 
@@ -58,6 +62,7 @@ def inventory(containers: dict[str, Container], tmp_path_factory: pytest.TempPat
         **example,
         **TEST_SETTINGS,
         "hsx_extractor_sample_rows": ROWS,  # the same file in both containers (fixed seed)
+        "hsx_proxmox_manage": False,  # the Proxmox side is test_lxc_deploy.py's; here: the fleet
         "hsx_container_env_pip_args": ["--no-index", "--find-links", "/srv/wheelhouse"],
         "hsx_container_env_hsextract_src": str(work / "extractor"),
         "hsx_container_env_constraints": str(work / "constraints.txt"),
@@ -71,7 +76,7 @@ def inventory(containers: dict[str, Container], tmp_path_factory: pytest.TempPat
             "ansible_ssh_private_key_file": c.key,
             "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
             "hsx_proxmox_host": "none",
-            "hsx_vmid": 0,
+            "hsx_vmid": c.vmid,
         }
         for name, c in containers.items()
     }
