@@ -26,7 +26,7 @@ from hsextract.dev.sample_data import make_sample_data
 from ..helpers import free_port
 from .conftest import RULES, Prometheus, dashboard_queries, is_sglang_only, substitute
 
-ROWS = 400  # far more than the test waits for: the run must still be going while the queries are checked
+ROWS = 4000  # far more than the test waits for: the run must still be going while the queries are checked
 ACTIVE = ("pending", "firing")
 
 
