@@ -120,6 +120,37 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else EXIT_FATAL
 
 
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from hsextract.extract.merge import merge_outputs
+    from hsextract.extract.verify import verify_output
+
+    shards: list[Path] = list(args.shards)
+    if args.inventory is not None:
+        from hsextract.ops.fleet import shard_dirs_from_inventory
+        from hsextract.ops.status import load_inventory
+
+        if shards:
+            raise ConfigError("give either SHARD_OUT directories or --inventory, not both")
+        targets = load_inventory(args.inventory, args.ansible_inventory)
+        gather_into = None if args.shared else (args.gather_into or args.into.with_name(args.into.name + ".shards"))
+        shards = shard_dirs_from_inventory(targets, gather_into, args.ssh_option, args.gather_with)
+        for target, path in zip(sorted(targets, key=lambda t: (t.shard_index or 0, t.name)), shards, strict=True):
+            print(f"shard {target.shard_index}/{target.num_shards} of {target.name}: {path}")
+    elif not shards:
+        raise ConfigError("no shard outputs: give SHARD_OUT directories, or --inventory to take them from the hosts")
+    summary = merge_outputs(shards, args.into, copy=args.copy)
+    print(
+        f"MERGED {summary.shards} shards into {summary.into}: {summary.samples} samples, {summary.tokens} tokens, "
+        f"{summary.bad_input} bad-input rows\n"
+        f"  sample files: {summary.linked} hard-linked, {summary.copied} copied, {summary.already_present} already in place"
+    )
+    if args.no_verify:
+        return 0
+    report = verify_output(summary.into)
+    print(report.summary())
+    return 0 if report.ok else EXIT_FATAL
+
+
 def _cmd_draft_config(args: argparse.Namespace) -> int:
     from hsextract.extract.drafter import eagle_config_for, read_output_layers, write_eagle_config
 
@@ -151,10 +182,17 @@ def _cmd_launch_sglang(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    from hsextract.ops import fleet
     from hsextract.ops import status as ops_status
 
-    statuses = ops_status.gather_all(ops_status.targets_from_args(args), args.logs)
-    print(ops_status.to_json(statuses) if args.json else "\n".join(ops_status.render(s) for s in statuses))
+    targets = sorted(ops_status.targets_from_args(args), key=lambda t: (t.shard_index or 0, t.name))
+    statuses = ops_status.gather_all(targets, args.logs)
+    total = fleet.fleet_total(statuses, targets)
+    if args.json:
+        print(fleet.to_json(statuses, targets, total))
+    else:
+        shard = {t.name: f"shard {t.shard_index}/{t.num_shards}" for t in targets if t.shard_index is not None}
+        print("\n".join([*(ops_status.render(s, shard.get(s.name, "")) for s in statuses), fleet.render_total(total)]))
     unreachable = [s.name for s in statuses if not s.reachable]
     if unreachable:
         print(f"StatusError: could not reach {', '.join(unreachable)} (see above)", file=sys.stderr)
@@ -240,6 +278,42 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="re-read an output directory and check every sample and total")
     verify.add_argument("output", type=Path, help="output directory of hsextract extract")
     verify.set_defaults(func=_cmd_verify)
+
+    merge = sub.add_parser(
+        "merge",
+        help="merge the shards' outputs of one dataset into one trainer-ready output (hard links where possible)",
+        description="Check that the shards agree (model, layers, format, max_seq_len, dataset), do not overlap and "
+        "leave no row missing; then hard-link (or copy) every sample into --into, merge the manifests, the "
+        "speculators Arrow dataset and data_config.json (totals summed, each shard's provenance), and verify it. "
+        "Resumable: rerun the same command after an interruption.",
+    )
+    merge.add_argument("shards", type=Path, nargs="*", metavar="SHARD_OUT", help="each shard's output directory")
+    fleet_group = merge.add_argument_group("shards from an Ansible inventory (make merge)")
+    fleet_group.add_argument(
+        "--inventory", type=Path, help="take the shards from this inventory's extraction_containers (hsx_output_dir)"
+    )
+    fleet_group.add_argument(
+        "--shared",
+        action="store_true",
+        help="the outputs sit on a shared filesystem mounted here at the same paths: merge them in place",
+    )
+    fleet_group.add_argument(
+        "--gather-into", type=Path, help="where the outputs are copied over SSH first (default: INTO.shards/<host>)"
+    )
+    fleet_group.add_argument(
+        "--gather-with",
+        choices=["auto", "rsync", "tar"],
+        default="auto",
+        help="how outputs are copied over SSH (auto: rsync when both ends have it, else a tar stream)",
+    )
+    fleet_group.add_argument("--ansible-inventory", help="the ansible-inventory program (default: found next to python)")
+    fleet_group.add_argument(
+        "--ssh-option", action="append", default=[], metavar="OPT", help="an ssh -o option for the copies (repeatable)"
+    )
+    merge.add_argument("--into", type=Path, required=True, help="the merged output directory (new, or an earlier merge)")
+    merge.add_argument("--copy", action="store_true", help="copy the sample files instead of hard-linking them")
+    merge.add_argument("--no-verify", action="store_true", help="skip the hsextract verify pass over the merged output")
+    merge.set_defaults(func=_cmd_merge)
 
     status = sub.add_parser(
         "status",

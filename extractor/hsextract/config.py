@@ -169,6 +169,11 @@ class SGLangLaunchConfig(_Strict):
     hook_queue_size: int = Field(4, gt=0, description="extend batches waiting for the dump writers before the forward waits")
     hook_dump_writers: int = Field(4, gt=0, le=64, description="threads of the hook writing dumps in parallel")
     extra_args: list[str] = Field(default_factory=list, description="further SGLang flags, checked against the refused list")
+    nnodes: int = Field(1, gt=0, description="nodes one server spans (SGLang --nnodes); tp_size counts all their GPUs")
+    node_rank: int = Field(0, ge=0, description="this node's rank, 0..nnodes-1; node 0 serves HTTP and writes the dumps")
+    dist_init_addr: str | None = Field(
+        None, description="host:port of node 0 that every node reaches (SGLang --dist-init-addr); needed when nnodes > 1"
+    )
 
     @field_validator("python")
     @classmethod

@@ -3,7 +3,8 @@
     HsextractError                base: the CLI prints ``Type: message`` and exits non-zero
     ├── ConfigError               a setting is wrong; raised before any work starts
     │   ├── IdentityMismatchError the output was started with another model, layers, dataset, ...
-    │   └── UnsafeDumpDirError    a dump root that is a symlink, another user's, or writable by others
+    │   ├── UnsafeDumpDirError    a dump root that is a symlink, another user's, or writable by others
+    │   └── MergeError            shards that cannot be merged: they disagree, overlap or leave rows missing
     ├── DatasetError              the dataset as a whole cannot be read
     ├── ServerError               the server is unreachable, unhealthy or kept failing
     │   ├── TransientServerError  one failure worth retrying: refused, reset, timeout, HTTP 5xx
@@ -33,6 +34,10 @@ class HsextractError(Exception):
 
 class ConfigError(HsextractError):
     """A setting is invalid; nothing has been done yet."""
+
+
+class MergeError(ConfigError):
+    """Shard outputs that ``hsextract merge`` refuses; nothing has been written yet."""
 
 
 class DatasetError(HsextractError):

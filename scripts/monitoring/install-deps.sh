@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Install what the monitoring tests need from Debian: `prometheus` (prometheus, promtool) and
-# `openssh-server` (an sshd the `make status` test starts itself). The packages must not start
+# Install what the monitoring tests need from Debian: `prometheus` (prometheus, promtool),
+# `openssh-server` (an sshd the `make status` test starts itself) and `rsync` (`make merge`'s gather). The packages must not start
 # their own services here: an executable /usr/sbin/policy-rc.d that exits 101 is in place during the
 # install and removed afterwards (an existing one is kept). Idempotent: does nothing when all is there.
 set -euo pipefail
@@ -9,6 +9,7 @@ need=()
 command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 [[ -x /usr/sbin/sshd ]] || need+=(openssh-server)
 command -v fuser >/dev/null 2>&1 || need+=(psmisc)
+command -v rsync >/dev/null 2>&1 || need+=(rsync)  # make merge's gather (tests/monitoring/test_fleet.py)
 if ((${#need[@]} == 0)); then
   echo "monitoring deps present: $(promtool --version 2>&1 | head -n1)"
   exit 0

@@ -113,6 +113,8 @@ def test_monitoring_role_on_scratch_dirs(scratch: dict[str, Path], promtool: str
     for job, expected in EXPECTED_TARGETS.items():
         got = {target: sc["labels"]["container"] for sc in jobs[job]["static_configs"] for target in sc["targets"]}
         assert got == expected, job
+        shards = {sc["labels"]["container"]: sc["labels"]["shard"] for sc in jobs[job]["static_configs"]}
+        assert shards == {"hsx-a": "0", "hsx-b": "1"}, job  # the sorted group, as deploy.yml renders the extractors'
 
     # the recording rules copied, the alerts rendered from their template: with the role's defaults both are
     # byte for byte the repository's files (the alerts file there is the defaults rendering)
@@ -161,7 +163,7 @@ def test_the_alert_settings_reach_the_installed_rules(scratch: dict[str, Path], 
     base = yaml.safe_load(ALERT_SETTINGS.read_text())["hsx_monitoring_runbook_base_url"].rstrip("/")
     alerts = yaml.safe_load((scratch["rules"] / "hsextract.alerts.yml").read_text())
     rules = [rule for group in alerts["groups"] for rule in group["rules"]]
-    assert len(rules) == 8
+    assert len(rules) == 9
     for rule in rules:
         url = rule["annotations"]["runbook_url"]
         assert url.startswith(base + "/"), f"{rule['alert']}: {url}"
@@ -177,7 +179,7 @@ def test_the_alert_settings_reach_the_installed_rules(scratch: dict[str, Path], 
     check = subprocess.run(argv, cwd=scratch["config"], capture_output=True, text=True, timeout=60)
     assert check.returncode != 0
     cases = [case["name"] for case in yaml.safe_load(ALERT_SETTINGS_TESTS.read_text())["tests"]]
-    assert len(cases) == 5
+    assert len(cases) == 6
     for case in cases:
         assert f"name: {case}," in check.stdout + check.stderr, case
 

@@ -26,7 +26,7 @@ from hsextract.dev.sample_data import make_sample_data
 from ..helpers import free_port
 from .conftest import RULES, Prometheus, dashboard_queries, is_sglang_only, substitute
 
-ROWS = 400  # far more than the test waits for: the run must still be going while the queries are checked
+ROWS = 4000  # far more than the test waits for: the run must still be going while the queries are checked
 ACTIVE = ("pending", "firing")
 
 
@@ -113,7 +113,11 @@ def test_prometheus_scrapes_a_real_extraction(
     prom.wait_for("the extractor's up to be 1", lambda: value(prom, up) == 1, timeout_s=240)
     queries = [(title, substitute(expr, instance=instance)) for title, expr in dashboard_queries()]
     waiting = {(title, expr) for title, expr in queries if not is_sglang_only(expr)}
-    waiting |= {(name, f'{name}{{instance="{instance}"}}') for name in recorded_series()}
+    # instance: rules carry the extractor's instance; job: rules (the fleet's sums) only its job
+    waiting |= {
+        (name, f'{name}{{job="hsextract"}}' if name.startswith("job:") else f'{name}{{instance="{instance}"}}')
+        for name in recorded_series()
+    }
 
     def all_have_data() -> bool:
         assert extractor.poll() is None, "the extraction ended before every query had data:\n" + processes.log("extract")

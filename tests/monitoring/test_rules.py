@@ -58,6 +58,7 @@ def test_the_issue_s_alerts_exist() -> None:
         "HsextractServerDown",
         "HsextractSGLangDown",
         "HsextractExtractorDown",
+        "HsextractShardBehind",
     } <= names
 
 
@@ -88,7 +89,7 @@ def test_recording_rules_follow_the_naming_convention_and_are_all_used_or_docume
     assert len(records) == len(set(records))
     for name in records:
         level, metric, _ = name.split(":")
-        assert level == "instance" and metric.startswith("hsextract_"), name
+        assert level in ("instance", "job") and metric.startswith("hsextract_"), name  # job: the fleet of shards
     used = " ".join(rule["expr"] for rule in rules_of("alert") + rules_of("record"))
     for name in ("instance:hsextract_eta:seconds", "instance:hsextract_samples_remaining:sum"):
         assert name in used

@@ -24,6 +24,7 @@ EXPECTED = {
     "resume-after-crash.md",
     "errors-rising.md",
     "change-model-or-layers.md",
+    "shard-behind.md",
 }
 
 

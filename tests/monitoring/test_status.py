@@ -106,7 +106,7 @@ def local_args(host: LiveHost) -> str:
 def test_make_status_on_this_machine(live_host: LiveHost) -> None:
     done = make_status(local_args(live_host))
     assert done.returncode == 0, done.stderr
-    (report,) = json.loads(done.stdout)
+    (report,) = json.loads(done.stdout)["hosts"]
     assert report["address"] == "this machine"
     check_report(report, live_host)
 
@@ -160,7 +160,7 @@ def test_make_status_over_ssh_one_connection_per_host(live_host: LiveHost, sshd:
     inventory = write_inventory(tmp_path / "inventory", {"c1": ssh_host(sshd, live_host)})
     done = make_status(f"INVENTORY={inventory}", "STATUS_ARGS=--json")
     assert done.returncode == 0, done.stderr
-    (report,) = json.loads(done.stdout)
+    (report,) = json.loads(done.stdout)["hosts"]
     assert report["name"] == "c1" and report["address"] == "127.0.0.1"
     check_report(report, live_host)
     accepted = sshd.log_path.read_text().count("Accepted publickey")
@@ -187,8 +187,8 @@ def test_status_reports_an_unreachable_host_and_still_reports_the_others(
     done = make_status(f"INVENTORY={inventory}")
     assert done.returncode != 0
     assert "StatusError: could not reach gone" in done.stderr
-    assert "== gone (127.0.0.1)\n  UNREACHABLE:" in done.stdout and f"127.0.0.1:{closed}" in done.stdout
-    assert "== c1 (127.0.0.1)\n  server health (/health_generate): 200 OK" in done.stdout
+    assert "== gone (127.0.0.1) shard 1/2\n  UNREACHABLE:" in done.stdout and f"127.0.0.1:{closed}" in done.stdout
+    assert "== c1 (127.0.0.1) shard 0/2\n  server health (/health_generate): 200 OK" in done.stdout
 
 
 def test_inventory_without_the_group_is_a_clear_error(ansible_venv: None, tmp_path: Path) -> None:

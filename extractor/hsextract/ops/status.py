@@ -51,6 +51,8 @@ class Target:
     metrics_port: int = defaults.METRICS_PORT
     output_dir: str = "work/output"
     dump_dir: str = "/dev/shm/hsextract-default"
+    shard_index: int | None = None  # the slice this host extracts (inventory: hsextract.ops.fleet.assign_shards)
+    num_shards: int | None = None
 
 
 @dataclass(frozen=True)
@@ -324,8 +326,12 @@ def targets_from_inventory_json(data: dict[str, Any], group: str = GROUP) -> lis
 
     if group not in data:
         raise ConfigError(f"the inventory has no group {group!r}; put the extraction containers in it")
+    from hsextract.ops.fleet import assign_shards
+
+    hosts = hosts_of(group, set())
+    shards, num_shards = assign_shards(hosts, hostvars)
     targets = []
-    for name in hosts_of(group, set()):
+    for name in hosts:
         hv = hostvars.get(name, {})
         key = hv.get("ansible_ssh_private_key_file") or hv.get("ansible_private_key_file")
         targets.append(
@@ -340,6 +346,8 @@ def targets_from_inventory_json(data: dict[str, Any], group: str = GROUP) -> lis
                 metrics_port=int(hv.get("hsx_metrics_port", defaults.METRICS_PORT)),
                 output_dir=str(hv.get("hsx_output_dir", "/")),
                 dump_dir=str(hv.get("hsx_dump_dir", "/dev/shm")),
+                shard_index=shards.get(name),
+                num_shards=num_shards,
             )
         )
     if not targets:
@@ -363,7 +371,7 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:.1f} GB"
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     seconds = int(seconds)
     days, rest = divmod(seconds, 86400)
     hours, rest = divmod(rest, 3600)
@@ -373,8 +381,8 @@ def _duration(seconds: float) -> str:
     return f"{hours}h {minutes}m" if hours else f"{minutes}m {secs}s"
 
 
-def render(status: HostStatus) -> str:
-    lines = [f"== {status.name} ({status.address})"]
+def render(status: HostStatus, shard: str = "") -> str:
+    lines = [f"== {status.name} ({status.address}){' ' + shard if shard else ''}"]
     if not status.reachable:
         return "\n".join([*lines, f"  UNREACHABLE: {status.error}"])
     health = "no answer" if status.health is None else ("200 OK" if status.health == 200 else f"HTTP {status.health}")
@@ -400,7 +408,7 @@ def render(status: HostStatus) -> str:
             lines.append("    errors: " + ", ".join(f"{k} {v}" for k, v in sorted(p.errors.items())))
         if p.eta_s is not None:
             lines.append(
-                f"    ETA: {_duration(p.eta_s)} (average rate since the extractor started {_duration(p.elapsed_s or 0)} ago)"
+                f"    ETA: {duration(p.eta_s)} (average rate since the extractor started {duration(p.elapsed_s or 0)} ago)"
             )
         if p.server_up is False:
             lines.append("    the extractor saw the server fail: docs/runbooks/restart-server.md")

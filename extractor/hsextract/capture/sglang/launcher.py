@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hsextract.capture.sglang.multinode import OWNED_FLAGS as MULTINODE_FLAGS
+from hsextract.capture.sglang.multinode import multinode_args
 from hsextract.config import SGLangLaunchConfig
 from hsextract.contract.layers import resolve_aux_layer_ids
 from hsextract.contract.model_config import read_model_config
@@ -117,8 +119,9 @@ def _check_extra_args(extra: list[str]) -> None:
         flag = arg.split("=", 1)[0]
         if flag in _REFUSED_FLAGS:
             raise ConfigError(f"extra_args {arg!r} refused: {_REFUSED_FLAGS[flag]}")
-        if flag in _OWNED_FLAGS:
-            raise ConfigError(f"extra_args {arg!r} refused: the launcher sets {flag}; use the config key {_OWNED_FLAGS[flag]}")
+        owned = _OWNED_FLAGS.get(flag) or MULTINODE_FLAGS.get(flag)
+        if owned:
+            raise ConfigError(f"extra_args {arg!r} refused: the launcher sets {flag}; use the config key {owned}")
 
 
 def hook_specs(config: SGLangLaunchConfig, aux_layer_ids: list[int]) -> list[dict[str, Any]]:
@@ -161,6 +164,7 @@ def build_command(config: SGLangLaunchConfig) -> list[str]:
     if config.chunked_prefill_size != -1 and config.chunked_prefill_size < 1:
         raise ConfigError(f"chunked_prefill_size {config.chunked_prefill_size} must be -1 (off) or positive")
     _check_extra_args(config.extra_args)
+    nodes = multinode_args(config)
     model_config = read_model_config(config.model_path)
     num_layers = config.num_hidden_layers or model_config.get("num_hidden_layers")
     if not num_layers:
@@ -182,6 +186,7 @@ def build_command(config: SGLangLaunchConfig) -> list[str]:
         "--return-aux-hidden-state-layer-ids", *map(str, ids_arg),
         "--forward-hooks", json.dumps(hook_specs(config, aux), separators=(",", ":")),
     ]  # fmt: skip
+    argv += nodes
     if config.mem_fraction_static is not None:
         argv += ["--mem-fraction-static", str(config.mem_fraction_static)]
     if config.dp_size > 1:

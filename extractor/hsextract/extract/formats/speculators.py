@@ -15,6 +15,7 @@ import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -78,29 +79,40 @@ class SpeculatorsFormat(OutputFormat):
             loss_mask.append(sample.loss_mask if sample else [])
             seq_len.append(len(sample.input_ids) if sample else 0)
             written.append(sample is not None)
-        features = datasets.Features(
-            {
-                "input_ids": datasets.Sequence(datasets.Value("int64")),
-                "loss_mask": datasets.Sequence(datasets.Value("int64")),
-                "seq_len": datasets.Value("int64"),
-                "written": datasets.Value("bool"),
-            }
-        )
         table = datasets.Dataset.from_dict(
-            {"input_ids": input_ids, "loss_mask": loss_mask, "seq_len": seq_len, "written": written}, features=features
+            {"input_ids": input_ids, "loss_mask": loss_mask, "seq_len": seq_len, "written": written},
+            features=arrow_features(),
         )
-        table.set_format("torch")
-        final = self.root / "data"
-        tmp = temp_path(final)
-        try:
-            table.save_to_disk(str(tmp))
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        if final.exists():
-            old = temp_path(final.with_name("data-old"))
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, final)
+        save_arrow_dataset(table, self.root / "data")
+
+
+def arrow_features() -> Any:
+    """The columns of ``<out>/data``: one entry per dataset row, ``written`` false where no file is."""
+    import datasets
+
+    return datasets.Features(
+        {
+            "input_ids": datasets.Sequence(datasets.Value("int64")),
+            "loss_mask": datasets.Sequence(datasets.Value("int64")),
+            "seq_len": datasets.Value("int64"),
+            "written": datasets.Value("bool"),
+        }
+    )
+
+
+def save_arrow_dataset(table: Any, final: Path) -> None:
+    """``save_to_disk`` under a temp name, then swapped in with ``os.replace`` (torch format)."""
+    table.set_format("torch")
+    tmp = temp_path(final)
+    try:
+        table.save_to_disk(str(tmp))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a full disk: no temp directory left behind
+        raise
+    if final.exists():
+        old = temp_path(final.with_name(final.name + "-old"))
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, final)

@@ -1,0 +1,287 @@
+"""``hsextract merge SHARD_OUT... --into OUT``: the shards of one dataset as one trainer-ready output.
+
+Sample files are hard-linked into ``OUT`` where the filesystem allows it (no bytes copied; a shard
+that is later re-extracted replaces its files under new inodes, so the merged copy stays intact) and
+copied otherwise. ``samples.jsonl`` and ``errors.jsonl`` hold every shard's lines sorted by row; for
+the speculators format ``OUT/data`` is one Arrow dataset whose index i is row i, every written row
+taken from the shard that wrote it. ``data_config.json`` carries the shards' shared fields, their
+totals summed, and ``merged_from``: each shard's path, index, totals and timestamps.
+
+Nothing is written before every check of :mod:`hsextract.extract.merge_plan` passes. Every file is
+written under a temp name and ``os.replace``d; ``data_config.json`` comes last, so an interrupted
+merge leaves an output that ``hsextract verify`` rejects, and the same command completes it (files
+already in place are kept).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from hsextract.contract.atomic import atomic_write_bytes, is_temp_name, temp_path
+from hsextract.errors import MergeError
+from hsextract.extract.data_config import DATA_CONFIG_FILE, read_data_config, write_data_config
+from hsextract.extract.formats import OutputFormat, open_format
+from hsextract.extract.manifest import ERRORS_FILE, SAMPLES_FILE
+from hsextract.extract.merge_plan import MergePlan, ShardOutput, build_plan, merged_data_config, provenance_of
+
+log = logging.getLogger(__name__)
+
+#: present while a merge is writing OUT; lets a rerun recognise (and finish) its own half-done output
+MERGE_MARKER = ".hsextract-merge-in-progress"
+_SAMPLE_SUFFIXES = (".ckpt", ".safetensors")
+#: link(2) errors that mean "this filesystem (pair) cannot hard-link": copy instead
+_NO_LINK_ERRNOS = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EACCES}
+
+
+@dataclass
+class MergeSummary:
+    into: Path
+    shards: int
+    samples: int
+    tokens: int
+    bad_input: int
+    linked: int
+    copied: int
+    already_present: int
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            raise MergeError(
+                f"{path} line {number} is torn (the shard's run was killed): finish that shard with hsextract extract "
+                "(same command; it resumes and rewrites the file) before merging"
+            ) from None
+        if not isinstance(record, dict) or not isinstance(record.get("row"), int):
+            raise MergeError(f"{path} line {number} is not a row record: {line[:120]!r}; is it an hsextract output?")
+        records.append(record)
+    return records
+
+
+def read_shard(path: Path) -> ShardOutput:
+    path = Path(path).resolve()
+    if not path.is_dir():
+        raise MergeError(f"shard output {path} is not a directory; pass each shard's --output directory")
+    config = read_data_config(path)
+    if config is None:
+        raise MergeError(
+            f"{path} has no {DATA_CONFIG_FILE}: it is not an hsextract output, or its run never ended; "
+            "rerun its hsextract extract command (it resumes) and merge again"
+        )
+    return ShardOutput(path, config, _read_jsonl(path / SAMPLES_FILE), _read_jsonl(path / ERRORS_FILE))
+
+
+def _check_target(into: Path, shards: Sequence[ShardOutput]) -> None:
+    for shard in shards:
+        if into == shard.path or shard.path in into.parents or into in shard.path.parents:
+            raise MergeError(f"--into {into} overlaps shard output {shard.path}; choose a directory outside every shard")
+    if into.exists() and not into.is_dir():
+        raise MergeError(f"--into {into} exists and is not a directory; choose another --into")
+    if not into.exists() or not any(into.iterdir()) or (into / MERGE_MARKER).exists():
+        return
+    existing = read_data_config(into)
+    if existing is None or "merged_from" not in existing:
+        raise MergeError(
+            f"--into {into} is not empty and holds no merge (no {MERGE_MARKER}, no merged {DATA_CONFIG_FILE}); "
+            "choose an empty or new directory"
+        )
+
+
+def _sweep(into: Path) -> None:
+    for path in list(into.rglob(".*")):
+        if is_temp_name(path.name):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+
+class _Placer:
+    """Hard link, else copy, one file at a time under a temp name; remembers when links fail."""
+
+    def __init__(self, copy: bool) -> None:
+        self.can_link = not copy
+        self.counts = {"linked": 0, "copied": 0, "present": 0}
+
+    def place(self, src: Path, dst: Path) -> None:
+        if dst.exists():
+            try:
+                have, want = dst.stat(), src.stat()
+                # the same file: a link of it, or a copy with its size and modification time (copy2, tar and
+                # rsync keep it); a shard re-extracted since has new files, which replace the old ones here
+                if os.path.samefile(src, dst) or (have.st_size, int(have.st_mtime)) == (want.st_size, int(want.st_mtime)):
+                    self.counts["present"] += 1
+                    return
+            except FileNotFoundError:
+                pass
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_path(dst)
+        if self.can_link:
+            try:
+                os.link(src, tmp)
+            except OSError as exc:
+                if exc.errno not in _NO_LINK_ERRNOS:
+                    raise
+                log.info("cannot hard-link %s into %s (%s): copying the files instead", src, dst.parent, exc.strerror)
+                self.can_link = False
+            else:
+                os.replace(tmp, dst)
+                self.counts["linked"] += 1
+                return
+        try:
+            shutil.copy2(src, tmp)
+            os.replace(tmp, dst)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        self.counts["copied"] += 1
+
+
+def _place_samples(plan: MergePlan, fmt: OutputFormat, into: Path, placer: _Placer) -> list[dict[str, Any]]:
+    records = []
+    for shard in plan.shards:
+        shard_fmt = open_format(fmt.name, shard.path)
+        for record in shard.samples:
+            row = int(record["row"])
+            src = shard_fmt.sample_path(row)
+            if record.get("file") != shard_fmt.relative(row) or not src.is_file():
+                raise MergeError(
+                    f"{shard.label}: row {row} is listed as {record.get('file')!r} but {src} is missing; "
+                    f"repair the shard first: {shard.finish_command()}"
+                )
+            placer.place(src, fmt.sample_path(row))
+            records.append(record)
+            done = sum(placer.counts.values())
+            if done % 10000 == 0:
+                log.info("merge: %d sample files in place", done)
+    return sorted(records, key=lambda r: int(r["row"]))
+
+
+def _remove_strays(fmt: OutputFormat, into: Path, rows: set[int]) -> int:
+    """Sample files of an earlier merge with other shards: not part of this output."""
+    wanted = {fmt.sample_path(row) for row in rows}
+    removed = 0
+    for path in into.rglob("*"):
+        if path.suffix in _SAMPLE_SUFFIXES and path.is_file() and path not in wanted:
+            path.unlink()
+            removed += 1
+    return removed
+
+
+def _merge_arrow(plan: MergePlan, into: Path) -> None:
+    """One ``data/`` whose entry i is row i: each written row from its shard's ``data/``, holes elsewhere."""
+    import datasets
+
+    from hsextract.extract.formats.speculators import arrow_features, save_arrow_dataset
+
+    features = arrow_features()
+    parts = []
+    offsets: dict[int, int] = {}
+    offset = 0
+    for shard in plan.shards:
+        rows = [row for row, owner in plan.owner.items() if owner is shard]
+        if not rows:
+            continue
+        try:
+            data = datasets.load_from_disk(str(shard.path / "data"))
+        except Exception as exc:  # datasets raises several types for a missing or damaged directory
+            raise MergeError(
+                f"{shard.label}: data/ cannot be loaded ({exc}); finish it first: {shard.finish_command()}"
+            ) from None
+        if len(data) <= max(rows):
+            raise MergeError(
+                f"{shard.label}: data/ has {len(data)} entries but the shard wrote row {max(rows)}; "
+                f"finish it first: {shard.finish_command()}"
+            )
+        parts.append(data.with_format(None).cast(features))
+        offsets[id(shard)] = offset
+        offset += len(data)
+    hole = offset
+    parts.append(
+        datasets.Dataset.from_dict({"input_ids": [[]], "loss_mask": [[]], "seq_len": [0], "written": [False]}, features=features)
+    )
+    combined = datasets.concatenate_datasets(parts)
+    indices = [
+        offsets[id(plan.owner[row])] + row if row in plan.owner else hole for row in range(plan.last_written_row + 1)
+    ]
+    merged = combined.select(indices)
+    written = list(merged["written"])
+    wrong = [row for row in plan.owner if not written[row]]
+    if wrong:
+        shard = plan.owner[wrong[0]]
+        raise MergeError(
+            f"{shard.label}: data/ marks row {wrong[0]} as not written although samples.jsonl lists it; "
+            f"repair the shard first: {shard.finish_command()}"
+        )
+    save_arrow_dataset(merged.flatten_indices(), into / "data")
+
+
+def _write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
+    atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in records).encode())
+
+
+def merge_outputs(shard_dirs: Sequence[Path], into: Path, copy: bool = False) -> MergeSummary:
+    """Check the shards, then build (or finish building) the merged output in ``into``."""
+    shards = [read_shard(Path(d)) for d in shard_dirs]
+    plan = build_plan(shards)
+    into = Path(into).resolve()
+    _check_target(into, plan.shards)
+    fmt_name = str(plan.shards[0].config["format"])
+    log.info(
+        "merging %d shards (%d rows: %d written, %d bad input) of format %s into %s",
+        len(plan.shards),
+        plan.total_rows,
+        len(plan.owner),
+        len(plan.bad_rows),
+        fmt_name,
+        into,
+    )
+    into.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(into / MERGE_MARKER, (json.dumps([str(s.path) for s in plan.shards]) + "\n").encode())
+    (into / DATA_CONFIG_FILE).unlink(missing_ok=True)  # until the end, the output is not complete
+    _sweep(into)
+    fmt = open_format(fmt_name, into)
+    placer = _Placer(copy)
+    samples = _place_samples(plan, fmt, into, placer)
+    removed = _remove_strays(fmt, into, set(plan.owner))
+    if removed:
+        log.info("removed %d sample files of an earlier merge that this one does not hold", removed)
+    if fmt_name == "speculators":
+        _merge_arrow(plan, into)
+    errors = sorted(
+        (e for shard in plan.shards for e in shard.errors if int(e["row"]) in plan.bad_rows),
+        key=lambda e: int(e["row"]),
+    )
+    _write_jsonl(into / SAMPLES_FILE, samples)
+    _write_jsonl(into / ERRORS_FILE, errors)
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    config = merged_data_config(plan, [provenance_of(s) for s in plan.shards], now)
+    config["merge_files"] = {"hard_linked": placer.counts["linked"], "copied": placer.counts["copied"]}
+    write_data_config(into, config)
+    (into / MERGE_MARKER).unlink()
+    return MergeSummary(
+        into=into,
+        shards=len(plan.shards),
+        samples=len(samples),
+        tokens=int(config["total_tokens"]),
+        bad_input=len(errors),
+        linked=placer.counts["linked"],
+        copied=placer.counts["copied"],
+        already_present=placer.counts["present"],
+    )
