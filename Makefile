@@ -65,7 +65,7 @@ test-docker: setup  ## build docker/ on a locally made SGLang stand-in base and 
 
 lint: setup  ## ruff, mypy (strict on the package, bodies of the tests), shellcheck on the shell scripts, ansible-lint on the roles
 	$(BIN)/ruff check extractor tests bench
-	$(BIN)/mypy --config-file mypy.ini extractor/hsextract tests --exclude 'tests/(deploy|sglang_contract)/'
+	$(BIN)/mypy --config-file mypy.ini extractor/hsextract tests
 	scripts/lint-shell.sh $(BIN)/shellcheck
 	$(MAKE) lint-ansible
 

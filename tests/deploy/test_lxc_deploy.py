@@ -10,7 +10,7 @@ import json
 import re
 import time
 
-from .conftest import (
+from .helpers import (
     PORT,
     SHM_EXPECTED_MB,
     TEST_SETTINGS,
@@ -92,7 +92,7 @@ def test_restart_reclaims_a_port_held_by_a_stray_process(deployed, container, in
 def test_extraction_in_the_container_verifies(deployed, container, inventory):
     result = run_playbook("playbooks/extract.yml", inventory, "-e", "hsx_extract_wait=true")
     assert result.rc == 0, result.output[-8000:]
-    output = TEST_SETTINGS["hsx_output_dir"]
+    output = str(TEST_SETTINGS["hsx_output_dir"])
     verify = container.run(f"/opt/ml-env/bin/hsextract verify {output}", check=False)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     config = json.loads(container.run(f"cat {output}/data_config.json").stdout)

@@ -8,6 +8,7 @@ the finalizer also when a test fails. The tests run in file order and share the 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import REPO, TEST_SETTINGS, TESTBED, Container, _require_host, run_playbook
+from .helpers import REPO, TEST_SETTINGS, TESTBED, Container, _require_host, run_playbook
 
 FLEET = {"fleet-a": ("hsx-fleet-a", "10.197.91"), "fleet-b": ("hsx-fleet-b", "10.197.92")}
 ROWS = 400  # 200 a shard: long enough to kill one extraction mid-run
@@ -37,7 +38,7 @@ def containers(request: pytest.FixtureRequest) -> dict[str, Container]:
         env = {**os.environ, "HSX_LXC_NAME": name, "HSX_LXC_NET": net, "HSX_LXC_DIR": f"/var/tmp/{name}"}
         env["HSX_LXC_VMID"] = str(vmid)
         env.setdefault("HSX_HOST_PIP", str(REPO / ".venv" / "bin" / "pip"))
-        request.addfinalizer(lambda env=env: subprocess.run([str(TESTBED), "down"], env=env, check=False))
+        request.addfinalizer(functools.partial(subprocess.run, [str(TESTBED), "down"], env=env, check=False))
         proc = subprocess.run([str(TESTBED), "up"], env=env, capture_output=True, text=True, timeout=900)
         sys.stderr.write(proc.stderr)
         if proc.returncode != 0:

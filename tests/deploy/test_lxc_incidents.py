@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import (
+from .helpers import (
     PORT,
     PROXMOX_HOST,
     SHM_EXPECTED_MB,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import ANSIBLE_BIN, REPO, ansible_env, run_playbook
+from .helpers import ANSIBLE_BIN, REPO, ansible_env, run_playbook
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 MONITORING = REPO / "monitoring"

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import ANSIBLE_BIN, REPO, run_playbook
+from .helpers import ANSIBLE_BIN, REPO, run_playbook
 
 PACKAGE_PYTHON = REPO / ".venv" / "bin" / "python"
 SETTINGS = {

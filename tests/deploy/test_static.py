@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import ANSIBLE_BIN, REPO, ansible_env, run_playbook
+from .helpers import ANSIBLE_BIN, REPO, ansible_env, run_playbook
 
 ROLES = sorted(p for p in (REPO / "roles").iterdir() if (p / "tasks" / "main.yml").exists())
 
@@ -347,7 +347,7 @@ def test_every_test_a_runbook_names_exists():
         "test_server_answering_health_but_not_health_generate_is_never_healthy",
         "test_after_pct_reboot_shm_nccl_and_the_server_come_back",
     }, named
-    for page, path, test in named:
+    for page_name, path, test in named:
         tree = ast.parse((REPO / path).read_text())
         functions = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
-        assert test in functions, f"{page} names {path}::{test}, which does not exist"
+        assert test in functions, f"{page_name} names {path}::{test}, which does not exist"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from .conftest import DASHBOARD, dashboard, dashboard_panels, dashboard_queries, substitute, tool
+from .helpers import DASHBOARD, dashboard, dashboard_panels, dashboard_queries, substitute, tool
 
 REQUIRED = {
     "samples/s": "hsextract_samples_total",

@@ -24,7 +24,7 @@ import yaml
 from hsextract.dev.sample_data import make_sample_data
 
 from ..helpers import free_port
-from .conftest import RULES, Prometheus, dashboard_queries, is_sglang_only, substitute
+from .helpers import RULES, Prometheus, dashboard_queries, is_sglang_only, substitute
 
 ROWS = 4000  # far more than the test waits for: the run must still be going while the queries are checked
 ACTIVE = ("pending", "firing")

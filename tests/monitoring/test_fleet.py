@@ -24,7 +24,7 @@ from hsextract.dev.sample_data import make_sample_data
 from hsextract.extract.verify import verify_output
 
 from ..helpers import free_port, run_extraction
-from .conftest import SSHServer
+from .helpers import SSHServer
 from .test_status import ansible_venv, make_status, write_inventory  # noqa: F401 - ansible_venv is a fixture
 
 ROWS = 9

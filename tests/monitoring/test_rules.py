@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from .conftest import MONITORING, REPO, RULES, tool
+from .helpers import MONITORING, REPO, RULES, tool
 
 PROMETHEUS_DIR = MONITORING / "prometheus"
 ALERT_TESTS = sorted((PROMETHEUS_DIR / "tests").glob("*.yml"))

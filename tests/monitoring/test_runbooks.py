@@ -10,7 +10,7 @@ from functools import cache
 
 import pytest
 
-from .conftest import REPO, RUNBOOKS
+from .helpers import REPO, RUNBOOKS
 from .test_rules import rules_of
 
 PAGES = sorted(p for p in RUNBOOKS.glob("*.md") if p.name != "README.md")

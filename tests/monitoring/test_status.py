@@ -26,7 +26,7 @@ from hsextract.dev.sample_data import make_sample_data
 from hsextract.ops import status as ops_status
 
 from ..helpers import free_port, run_extraction
-from .conftest import REPO, SSHServer
+from .helpers import REPO, SSHServer
 
 ROWS = 8
 

@@ -14,7 +14,7 @@ from hsextract.config import SGLangLaunchConfig
 from hsextract.contract.dumps import dump_state, read_dump, read_error
 from hsextract.contract.rids import make_rid
 
-from .conftest import H, decode_batch, extend_batch
+from .helpers import H, decode_batch, extend_batch
 
 K = 3
 LAYERS = [2, 4, 5]

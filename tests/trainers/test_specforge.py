@@ -25,7 +25,7 @@ from hsextract.contract.layers import default_aux_layer_ids
 from hsextract.extract.formats import open_format
 from hsextract.extract.serving_hints import SPECFORGE_DEFAULT_MAX_LENGTH, SPECFORGE_DTYPE
 
-from .conftest import BAD_ROW, MAX_SEQ_LEN, Output
+from .helpers import BAD_ROW, MAX_SEQ_LEN, Output
 
 ARCHS = ["deepseek_v3", "llama", "qwen2"]
 

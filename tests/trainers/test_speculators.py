@@ -27,7 +27,7 @@ from hsextract.contract.layers import capture_indices, default_aux_layer_ids
 from hsextract.extract.formats import open_format
 from hsextract.extract.serving_hints import SPECULATORS_DEFAULT_TOTAL_SEQ_LEN
 
-from .conftest import BAD_ROW, ROWS, Output
+from .helpers import BAD_ROW, ROWS, Output
 
 ARCHS = ["deepseek_v3", "llama", "qwen2"]
 

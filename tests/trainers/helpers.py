@@ -1,0 +1,107 @@
+"""Shared code of the trainer tests: outputs of every supported architecture, in both formats.
+
+Runs in .venv-trainers (``make setup-trainers``): the released ``specforge`` and ``speculators``
+packages installed with ``--no-deps`` beside hsextract, never copied into this repository. Each
+output is made the way a user makes one: a tiny model (``make-tiny-model``), the embedded server,
+``hsextract extract`` with the defaults, over a dataset with a short row, a row longer than
+``max_seq_len`` (truncated), a row longer than SpecForge's default ``max_length`` 2048, and a bad row.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from safetensors import safe_open
+
+from hsextract.dev.tiny_model import make_tiny_model
+
+from ..helpers import RunningServer, run_extraction
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+VOCAB = 1024
+MAX_SEQ_LEN = 2200
+#: row lengths: short, short, longer than max_seq_len, bad (an id outside the vocabulary), longer than 2048
+ROWS = [40, 130, 2500, "bad", 2100]
+BAD_ROW = 3
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.trainers)
+
+
+@dataclass(frozen=True)
+class Output:
+    arch: str
+    format: str
+    model: Path
+    path: Path
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return dict(json.loads((self.path / "data_config.json").read_text()))
+
+    @property
+    def written_rows(self) -> list[int]:
+        return [json.loads(line)["row"] for line in (self.path / "samples.jsonl").read_text().splitlines()]
+
+
+def write_dataset(path: Path) -> Path:
+    rng = random.Random(11)
+    with open(path, "w") as handle:
+        for length in ROWS:
+            if length == "bad":
+                handle.write(json.dumps({"input_ids": [5, 6, VOCAB + 3]}) + "\n")
+                continue
+            assert isinstance(length, int)
+            ids = [rng.randrange(VOCAB) for _ in range(length)]
+            mask = [0] * (length // 3) + [1] * (length - length // 3)  # a prompt, then the answer
+            handle.write(json.dumps({"input_ids": ids, "loss_mask": mask}) + "\n")
+    return path
+
+
+def add_checkpoint_index(model: Path) -> None:
+    """SpecForge's TargetHead finds lm_head through the checkpoint index multi-file checkpoints carry
+    (Kimi-K2.5 has one); the single-file tiny model gets the same index, pointing at its one file."""
+    with safe_open(str(model / "model.safetensors"), framework="pt") as handle:
+        keys = list(handle.keys())
+    index = {"metadata": {}, "weight_map": dict.fromkeys(keys, "model.safetensors")}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+@pytest.fixture(scope="session")
+def output(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    made: dict[tuple[str, str, str], Output] = {}
+    models: dict[str, Path] = {}
+    dataset = write_dataset(tmp_path_factory.mktemp("data") / "data.jsonl")
+
+    def get(arch: str, fmt: str, layers: str = "default") -> Output:
+        key = (arch, fmt, layers)
+        if key not in made:
+            if arch not in models:
+                models[arch] = make_tiny_model(
+                    tmp_path_factory.mktemp(f"model-{arch}"), arch=arch, layers=8, hidden=64, vocab_size=VOCAB
+                )
+                add_checkpoint_index(models[arch])
+            layer_ids = None if layers == "default" else [int(i) for i in layers.split(",")]
+            root = tmp_path_factory.mktemp(f"out-{arch}-{fmt}")
+            server = RunningServer.start(models[arch], root / "dumps", layer_ids=layer_ids)
+            try:
+                summary = run_extraction(
+                    server.url, dataset, root / "out", format=fmt, max_seq_len=MAX_SEQ_LEN, layer_ids=layer_ids
+                )
+            finally:
+                server.stop()
+            assert summary.status == "complete" and summary.bad_input == 1 and summary.truncated == 1
+            made[key] = Output(arch, fmt, models[arch], root / "out")
+        return made[key]
+
+    yield get
