@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..helpers import run_extraction
-from .conftest import assert_same_output, make_rows, run_extract, write_rows
+from .helpers import assert_same_output, make_rows, run_extract, write_rows
 
 
 def _verify_cli(output: Path) -> subprocess.CompletedProcess[str]:

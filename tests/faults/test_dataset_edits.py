@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from ..helpers import run_extraction
-from .conftest import assert_same_output, kill_after_samples, make_rows, run_extract, start_extract, write_rows
+from .helpers import assert_same_output, kill_after_samples, make_rows, run_extract, start_extract, write_rows
 
 
 def test_row_inserted_at_the_top_after_sigkill_redoes_every_shifted_row(models, start_server, tmp_path: Path) -> None:

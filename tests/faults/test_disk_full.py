@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ..helpers import run_extraction
-from .conftest import assert_same_output, fill, make_rows, run_extract, samples_written, start_extract, wait_for, write_rows
+from .helpers import assert_same_output, fill, make_rows, run_extract, samples_written, start_extract, wait_for, write_rows
 
 pytestmark = pytest.mark.root  # tmpfs mounts, chown: root only
 

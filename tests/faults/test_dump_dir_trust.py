@@ -19,7 +19,7 @@ from hsextract.contract.rids import make_rid, parse_rid
 from hsextract.errors import UnsafeDumpDirError
 
 from ..helpers import run_extraction
-from .conftest import Answer, assert_same_output, make_rows, run_extract, write_rows
+from .helpers import Answer, assert_same_output, make_rows, run_extract, write_rows
 
 pytestmark = pytest.mark.root  # tmpfs mounts, chown: root only
 

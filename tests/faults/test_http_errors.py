@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ..helpers import run_extraction
-from .conftest import Answer, assert_same_output, make_rows, run_extract, write_rows
+from .helpers import Answer, assert_same_output, make_rows, run_extract, write_rows
 
 HTML = b"<!DOCTYPE html><html><body><h1>Access denied</h1></body></html>"
 

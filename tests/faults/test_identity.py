@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 from ..helpers import run_extraction
-from .conftest import (
+from .helpers import (
     assert_same_output,
     kill_after_samples,
     make_rows,

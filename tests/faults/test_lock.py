@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 from ..helpers import run_extraction
-from .conftest import assert_same_output, make_rows, run_extract, samples_written, start_extract, wait_for, write_rows
+from .helpers import assert_same_output, make_rows, run_extract, samples_written, start_extract, wait_for, write_rows
 
 
 def test_second_extractor_on_one_output_exits_at_once(models, start_server, proxy, tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from ..helpers import run_extraction
-from .conftest import assert_same_output, make_rows, run_extract, samples_written, start_extract, wait_for, write_rows
+from .helpers import assert_same_output, make_rows, run_extract, samples_written, start_extract, wait_for, write_rows
 
 #: far below the request timeout (600 s): only a cancelled request lets the run end within it
 STOP_BOUND_S = 60

@@ -14,7 +14,7 @@ from hsextract.contract.states import ErrorReason
 from hsextract.extract.metrics import SAMPLE_STATUSES
 
 from ..helpers import free_port, run_extraction
-from .conftest import assert_same_output, make_rows, run_extract, start_extract, wait_for, write_rows
+from .helpers import assert_same_output, make_rows, run_extract, start_extract, wait_for, write_rows
 
 
 def _listening_addresses(port: int) -> set[str]:

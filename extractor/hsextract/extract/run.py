@@ -1,9 +1,9 @@
 """The extraction run: plan, stream requests, verify and pack dumps, record everything.
 
 One instance runs one shard of one dataset into one output directory, holding the output's lock
-(``lock.py``). Before the first request it scans the dataset (``scan.py``), checks this run against
-the output's identity and records it (``identity.py``), and verifies what earlier runs wrote
-(``resume_check.py``). Rerunning the same command resumes: rows already written from the same row
+(``lock.py``). Before the first request it checks the server, the layers and the disk
+(``preflight.py``), scans the dataset (``scan.py``), checks this run against the output's identity and
+records it (``identity.py``), and verifies what earlier runs wrote (``resume_check.py``). Rerunning the same command resumes: rows already written from the same row
 content into an intact file, or known to be bad input, are skipped; everything else is (re)done, and
 at one request per forward the output ends up byte-identical to an uninterrupted run's.
 
@@ -27,64 +27,50 @@ from pathlib import Path
 
 from hsextract.config import ExtractConfig
 from hsextract.contract.atomic import disk_full_text, is_disk_full, is_temp_name, remove_quietly
-from hsextract.contract.dump_dir import check_dump_root
 from hsextract.contract.dumps import Dump, dump_state, read_dump, read_error, remove_dump
-from hsextract.contract.layers import capture_indices, resolve_aux_layer_ids
-from hsextract.contract.model_config import read_model_config
+from hsextract.contract.layers import capture_indices
 from hsextract.contract.rids import make_rid
 from hsextract.contract.server_info import ServerInfo
-from hsextract.contract.sglang_capture import ModelFamily, family_of
 from hsextract.contract.states import DumpState, ErrorKind, ErrorReason, RunStatus
 from hsextract.errors import (
     BadSampleError,
-    ConfigError,
     DiskFullError,
-    DiskSpaceError,
     DumpError,
     HsextractError,
     LayerMismatchError,
     ModelMismatchError,
-    OutputError,
     ServerError,
     TransientServerError,
     WrongServerError,
 )
 from hsextract.extract.checksum import WrittenFile
 from hsextract.extract.client import ServerClient
-from hsextract.extract.data_config import build_data_config, read_data_config, write_data_config
-from hsextract.extract.dataset import Sample, dataset_kind, iter_raw_rows, iter_rows, validate_row
+from hsextract.extract.data_config import build_data_config, write_data_config
+from hsextract.extract.dataset import Sample, iter_raw_rows, iter_rows, validate_row
 from hsextract.extract.dump_checks import DumpExpectation, check_dump
-from hsextract.extract.formats import OutputFormat, open_format
+from hsextract.extract.formats import OutputFormat
 from hsextract.extract.identity import (
-    DatasetIdentity,
-    ModelIdentity,
     OutputIdentity,
-    identity_from_data_config,
-    read_identity,
-    reconcile_identity,
     write_identity,
 )
 from hsextract.extract.lock import OutputLock
-from hsextract.extract.manifest import SAMPLES_FILE, ErrorRecord, Manifest, WrittenSample, read_jsonl
+from hsextract.extract.manifest import ErrorRecord, Manifest, WrittenSample
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.ordering import shortest_first
 from hsextract.extract.plan import Plan, Planner
+from hsextract.extract.preflight import check_disk, check_server, establish_identity, log_lengths, serving_and_trainer_guards
 from hsextract.extract.progress import Progress
 from hsextract.extract.resume_check import check_resume
 from hsextract.extract.scan import DatasetScan, scan_dataset
 from hsextract.extract.serving_hints import (
-    SPECFORGE_NUM_AUX_LAYERS,
     TRAINER_DEFAULT_LENGTH,
-    TRAINER_LENGTH_SETTING,
     SGLangServing,
-    sglang_serving,
     summary_lines,
 )
 from hsextract.extract.stale_dumps import sweep_stale_dumps
 
 log = logging.getLogger(__name__)
 
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 #: errors after which no further request can succeed: the run stops at once
 _FATAL = (LayerMismatchError, ModelMismatchError, WrongServerError, DiskFullError)
 
@@ -176,113 +162,7 @@ class Extraction:
 
         threading.Thread(target=watch, name="hsextract-stop-watch", daemon=True).start()
 
-    # -- setup (nothing is written before all of it passes) -----------------------------------------
-    def _preflight(self) -> tuple[ServerInfo, list[int], Path, OutputFormat]:
-        cfg = self.config
-        dataset_kind(cfg.dataset)  # raises DatasetError with the fix
-        if cfg.output.exists() and not cfg.output.is_dir():
-            raise ConfigError(f"output {cfg.output} exists and is not a directory; choose another --output")
-        self.client.wait_until_healthy(cfg.health_timeout_s, self.stop)
-        self.metrics.server_up.set(1)
-        try:
-            info = self.client.server_info(cfg.vocab_size)
-        except ServerError:
-            self._check_stop()  # cancelled by a signal: an interruption, not a server problem
-            raise
-        if cfg.expect_model and not info.model_path.rstrip("/").endswith(cfg.expect_model.rstrip("/")):
-            raise ConfigError(
-                f"the server serves {info.model_path!r}, not the expected model {cfg.expect_model!r}; "
-                "restart the server with the right model or fix expect_model"
-            )
-        if info.model_path and not info.model_path.startswith("/"):
-            log.warning(
-                "the server reports the model path %r, relative to where it was started; the output records it as is",
-                info.model_path,
-            )
-        aux = resolve_aux_layer_ids(cfg.layer_ids or info.layer_ids, info.num_layers)
-        if info.layer_ids is not None and list(info.layer_ids) != aux:
-            raise ConfigError(
-                f"layer_ids {aux} are configured but the server captures {info.layer_ids}; "
-                "restart the server with the same layers or drop layer_ids from the extractor config"
-            )
-        dump_dir = cfg.dump_dir or (Path(info.dump_dir) if info.dump_dir else None)
-        if dump_dir is None:
-            raise ConfigError("the server does not say where it dumps; set dump_dir (--dump-dir) to its dump root")
-        check_dump_root(dump_dir)
-        fmt = open_format(cfg.format, cfg.output)
-        if fmt.needs_final_prenorm and info.provides_final_prenorm is False:
-            raise ConfigError(
-                f"format {cfg.format} needs the pre-norm final state, which this server does not dump; "
-                "use --format specforge or enable the pre-norm dump in the server's hook config"
-            )
-        return info, aux, dump_dir, fmt
-
-    def _serving_and_trainer_guards(self, identity: ServerInfo, aux: list[int], fmt: OutputFormat) -> SGLangServing:
-        """Refuse what the trainer or SGLang would fail on later; the SGLang value for these layers."""
-        cfg = self.config
-        if fmt.name == "specforge" and len(aux) != SPECFORGE_NUM_AUX_LAYERS:
-            raise ConfigError(
-                f"format specforge with {len(aux)} aux layers {aux}: SpecForge's EAGLE-3 draft takes exactly "
-                f"{SPECFORGE_NUM_AUX_LAYERS} (it refuses any other count at its first step); set three layer_ids or use "
-                "--format speculators"
-            )
-        if cfg.architecture != "auto":
-            family: ModelFamily | None = ModelFamily(cfg.architecture)
-        else:
-            family = family_of(read_model_config(identity.model_path)) if identity.model_path else None
-            if family is None:
-                log.warning(
-                    "the model family of %r is unknown here: data_config.json will carry no SGLang draft-config value; "
-                    "set architecture (--architecture deepseek|llama|qwen2) to get it",
-                    identity.model_path,
-                )
-        serving = sglang_serving(family, aux, identity.num_layers)  # ConfigError when SGLang cannot serve them
-        computed = identity.dtype
-        if fmt.stored_dtype is not None and computed is not None and computed != fmt.stored_dtype:
-            log.info(
-                "the server computes %s states; format %s stores them as %s (its trainer runs in %s), recorded in "
-                "data_config.json",
-                computed,
-                fmt.name,
-                fmt.stored_dtype,
-                fmt.stored_dtype,
-            )
-        return serving
-
-    def _establish_identity(self, info: ServerInfo, aux: list[int], scan: DatasetScan, fmt: OutputFormat) -> OutputIdentity:
-        """Check this run against what the output holds, and record it before the first request."""
-        cfg = self.config
-        current = OutputIdentity(
-            model=ModelIdentity(info.model_path, info.model_fingerprint, info.num_layers),
-            aux_layer_ids=aux,
-            format=cfg.format,
-            max_seq_len=cfg.max_seq_len,
-            hidden_size=info.hidden_size,
-            dtype=info.dtype,
-            stored_dtype=fmt.stored_dtype or info.dtype,
-            shard_index=cfg.shard_index,
-            num_shards=cfg.num_shards,
-            dataset=DatasetIdentity(str(scan.path), scan.fingerprint, scan.total_rows),
-        )
-        recorded = read_identity(cfg.output)
-        if recorded is None:
-            try:
-                legacy = read_data_config(cfg.output)
-            except OutputError:
-                legacy = None
-            recorded = identity_from_data_config(legacy) if legacy else None
-            if recorded is None and read_jsonl(cfg.output / SAMPLES_FILE).records:
-                raise OutputError(
-                    f"output {cfg.output} holds samples but no identity.json (deleted, or written by an older hsextract "
-                    "that did not finish), so nothing says which model, layers and settings they came from. Restore "
-                    "identity.json, or use a new --output"
-                )
-        identity, notes = reconcile_identity(cfg.output, recorded, current)
-        for note in notes:
-            log.warning("%s", note)
-        write_identity(cfg.output, identity)
-        return identity
-
+    # -- setup helpers -----------------------------------------------------------------------------
     def _shard_rows(self) -> Iterator[tuple[int, object]]:
         cfg = self.config
         for row, raw in iter_raw_rows(cfg.dataset):
@@ -303,54 +183,6 @@ class Extraction:
             trainer_default=TRAINER_DEFAULT_LENGTH[cfg.format],
         )
 
-    def _check_disk(self, plan: Plan, identity: OutputIdentity, fmt: OutputFormat) -> None:
-        stored = fmt.stored_dtype or identity.dtype or "bfloat16"
-        per_token = (len(identity.aux_layer_ids) + 1) * identity.hidden_size * _DTYPE_BYTES.get(stored, 2) + 16
-        needed = int(plan.todo_tokens * per_token * self.config.disk_headroom)
-        free = shutil.disk_usage(self.config.output).free
-        self.metrics.planned_tokens.set(plan.todo_tokens)
-        log.info(
-            "plan%s: %d rows in this shard, %d already settled, %d to extract (%d tokens x %d bytes as %s: about %.2f GB; "
-            "%.2f GB free)",
-            "" if plan.exact else " (estimated from the first rows; counted exactly while the run goes)",
-            plan.rows_in_shard,
-            plan.settled,
-            plan.todo_rows,
-            plan.todo_tokens,
-            per_token,
-            stored,
-            needed / 1e9,
-            free / 1e9,
-        )
-        if plan.exact:
-            self._log_lengths(plan)
-        if needed > free:
-            raise DiskSpaceError(
-                f"output {self.config.output} has {free / 1e9:.2f} GB free but this run needs about {needed / 1e9:.2f} GB "
-                f"({plan.todo_tokens} tokens x {per_token} bytes x {self.config.disk_headroom}); free space or choose "
-                "another --output"
-            )
-
-    def _log_lengths(self, plan: Plan) -> None:
-        cfg = self.config
-        log.info(
-            "plan: %d of them longer than max_seq_len %d (truncated and counted); the longest sample will have %d tokens",
-            plan.truncated_rows,
-            cfg.max_seq_len,
-            plan.longest_tokens,
-        )
-        if plan.over_trainer_default:
-            log.warning(
-                "plan: %d samples are longer than %s's default %s %d and would lose their tail there: train with %s %d "
-                "(recorded in data_config.json)",
-                plan.over_trainer_default,
-                cfg.format,
-                TRAINER_LENGTH_SETTING[cfg.format],
-                TRAINER_DEFAULT_LENGTH[cfg.format],
-                TRAINER_LENGTH_SETTING[cfg.format],
-                plan.longest_tokens,
-            )
-
     # -- the run ------------------------------------------------------------------------------------
     def run(self) -> RunSummary:
         started = time.monotonic()
@@ -360,8 +192,8 @@ class Extraction:
         try:
             if cfg.output.is_dir():
                 lock.acquire()  # before waiting for the server: a second extractor stops at once
-            info, aux, dump_dir, fmt = self._preflight()
-            serving = self._serving_and_trainer_guards(info, aux, fmt)
+            info, aux, dump_dir, fmt = check_server(cfg, self.client, self.metrics, self.stop)
+            serving = serving_and_trainer_guards(cfg, info, aux, fmt)
             cfg.output.mkdir(parents=True, exist_ok=True)
             lock.acquire()
             return self._run_locked(started, info, aux, dump_dir, fmt, serving)
@@ -378,7 +210,7 @@ class Extraction:
         if swept:
             log.info("removed %d temporary files left by an interrupted run", swept)
         scan = scan_dataset(cfg.dataset, cfg.shard_index, cfg.num_shards, self._check_stop)
-        identity = self._identity = self._establish_identity(info, aux, scan, fmt)
+        identity = self._identity = establish_identity(cfg, info, aux, scan, fmt)
         manifest = Manifest(cfg.output)
         planner: Planner | None = None
         try:
@@ -386,7 +218,7 @@ class Extraction:
             resume.log_summary()
             planner = self._planner(scan, manifest, info.vocab_size)
             plan = planner.estimate()  # the first rows only: the first request leaves within seconds
-            self._check_disk(plan, identity, fmt)
+            check_disk(cfg, plan, identity, fmt, self.metrics)
             stale = sweep_stale_dumps(dump_dir, cfg.rid_prefix, cfg.shard_index, cfg.num_shards)
             if stale:
                 log.info("removed %d dumps of this shard left in %s by earlier requests", stale, dump_dir)
@@ -511,7 +343,7 @@ class Extraction:
         self.metrics.planned.set(plan.rows_in_shard)
         self.metrics.planned_tokens.set(plan.todo_tokens)
         progress.set_totals(plan.rows_in_shard, plan.todo_tokens)
-        self._log_lengths(plan)
+        log_lengths(self.config, plan)
 
     def _valid_samples(self, rows: dict[int, WrittenSample], vocab_size: int) -> Iterator[Sample]:
         for row, raw in self._shard_rows():

@@ -1,0 +1,212 @@
+"""Checks before any work: the server, the layers and the trainers' limits, the output's identity,
+and the disk. Nothing is written to the output before all of them pass (the identity is written last)."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from pathlib import Path
+
+from hsextract.config import ExtractConfig
+from hsextract.contract.dump_dir import check_dump_root
+from hsextract.contract.layers import resolve_aux_layer_ids
+from hsextract.contract.model_config import read_model_config
+from hsextract.contract.server_info import ServerInfo
+from hsextract.contract.sglang_capture import ModelFamily, family_of
+from hsextract.errors import (
+    ConfigError,
+    DiskSpaceError,
+    OutputError,
+    ServerError,
+)
+from hsextract.extract.client import ServerClient
+from hsextract.extract.data_config import read_data_config
+from hsextract.extract.dataset import dataset_kind
+from hsextract.extract.formats import OutputFormat, open_format
+from hsextract.extract.identity import (
+    DatasetIdentity,
+    ModelIdentity,
+    OutputIdentity,
+    identity_from_data_config,
+    read_identity,
+    reconcile_identity,
+    write_identity,
+)
+from hsextract.extract.manifest import SAMPLES_FILE, read_jsonl
+from hsextract.extract.metrics import ExtractMetrics
+from hsextract.extract.plan import Plan
+from hsextract.extract.scan import DatasetScan
+from hsextract.extract.serving_hints import (
+    SPECFORGE_NUM_AUX_LAYERS,
+    TRAINER_DEFAULT_LENGTH,
+    TRAINER_LENGTH_SETTING,
+    SGLangServing,
+    sglang_serving,
+)
+
+log = logging.getLogger(__name__)
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def check_server(
+    cfg: ExtractConfig, client: ServerClient, metrics: ExtractMetrics, stop: threading.Event
+) -> tuple[ServerInfo, list[int], Path, OutputFormat]:
+    """The server answers, serves what the config asks for, and dumps where the extractor can read."""
+    dataset_kind(cfg.dataset)  # raises DatasetError with the fix
+    if cfg.output.exists() and not cfg.output.is_dir():
+        raise ConfigError(f"output {cfg.output} exists and is not a directory; choose another --output")
+    client.wait_until_healthy(cfg.health_timeout_s, stop)
+    metrics.server_up.set(1)
+    try:
+        info = client.server_info(cfg.vocab_size)
+    except ServerError:
+        if stop.is_set():  # cancelled by a signal: an interruption, not a server problem
+            raise KeyboardInterrupt from None
+        raise
+    if cfg.expect_model and not info.model_path.rstrip("/").endswith(cfg.expect_model.rstrip("/")):
+        raise ConfigError(
+            f"the server serves {info.model_path!r}, not the expected model {cfg.expect_model!r}; "
+            "restart the server with the right model or fix expect_model"
+        )
+    if info.model_path and not info.model_path.startswith("/"):
+        log.warning(
+            "the server reports the model path %r, relative to where it was started; the output records it as is",
+            info.model_path,
+        )
+    aux = resolve_aux_layer_ids(cfg.layer_ids or info.layer_ids, info.num_layers)
+    if info.layer_ids is not None and list(info.layer_ids) != aux:
+        raise ConfigError(
+            f"layer_ids {aux} are configured but the server captures {info.layer_ids}; "
+            "restart the server with the same layers or drop layer_ids from the extractor config"
+        )
+    dump_dir = cfg.dump_dir or (Path(info.dump_dir) if info.dump_dir else None)
+    if dump_dir is None:
+        raise ConfigError("the server does not say where it dumps; set dump_dir (--dump-dir) to its dump root")
+    check_dump_root(dump_dir)
+    fmt = open_format(cfg.format, cfg.output)
+    if fmt.needs_final_prenorm and info.provides_final_prenorm is False:
+        raise ConfigError(
+            f"format {cfg.format} needs the pre-norm final state, which this server does not dump; "
+            "use --format specforge or enable the pre-norm dump in the server's hook config"
+        )
+    return info, aux, dump_dir, fmt
+
+
+def serving_and_trainer_guards(cfg: ExtractConfig, identity: ServerInfo, aux: list[int], fmt: OutputFormat) -> SGLangServing:
+    """Refuse what the trainer or SGLang would fail on later; the SGLang value for these layers."""
+    if fmt.name == "specforge" and len(aux) != SPECFORGE_NUM_AUX_LAYERS:
+        raise ConfigError(
+            f"format specforge with {len(aux)} aux layers {aux}: SpecForge's EAGLE-3 draft takes exactly "
+            f"{SPECFORGE_NUM_AUX_LAYERS} (it refuses any other count at its first step); set three layer_ids or use "
+            "--format speculators"
+        )
+    if cfg.architecture != "auto":
+        family: ModelFamily | None = ModelFamily(cfg.architecture)
+    else:
+        family = family_of(read_model_config(identity.model_path)) if identity.model_path else None
+        if family is None:
+            log.warning(
+                "the model family of %r is unknown here: data_config.json will carry no SGLang draft-config value; "
+                "set architecture (--architecture deepseek|llama|qwen2) to get it",
+                identity.model_path,
+            )
+    serving = sglang_serving(family, aux, identity.num_layers)  # ConfigError when SGLang cannot serve them
+    computed = identity.dtype
+    if fmt.stored_dtype is not None and computed is not None and computed != fmt.stored_dtype:
+        log.info(
+            "the server computes %s states; format %s stores them as %s (its trainer runs in %s), recorded in data_config.json",
+            computed,
+            fmt.name,
+            fmt.stored_dtype,
+            fmt.stored_dtype,
+        )
+    return serving
+
+
+def establish_identity(
+    cfg: ExtractConfig, info: ServerInfo, aux: list[int], scan: DatasetScan, fmt: OutputFormat
+) -> OutputIdentity:
+    """Check this run against what the output holds, and record it before the first request."""
+    current = OutputIdentity(
+        model=ModelIdentity(info.model_path, info.model_fingerprint, info.num_layers),
+        aux_layer_ids=aux,
+        format=cfg.format,
+        max_seq_len=cfg.max_seq_len,
+        hidden_size=info.hidden_size,
+        dtype=info.dtype,
+        stored_dtype=fmt.stored_dtype or info.dtype,
+        shard_index=cfg.shard_index,
+        num_shards=cfg.num_shards,
+        dataset=DatasetIdentity(str(scan.path), scan.fingerprint, scan.total_rows),
+    )
+    recorded = read_identity(cfg.output)
+    if recorded is None:
+        try:
+            legacy = read_data_config(cfg.output)
+        except OutputError:
+            legacy = None
+        recorded = identity_from_data_config(legacy) if legacy else None
+        if recorded is None and read_jsonl(cfg.output / SAMPLES_FILE).records:
+            raise OutputError(
+                f"output {cfg.output} holds samples but no identity.json (deleted, or written by an older hsextract "
+                "that did not finish), so nothing says which model, layers and settings they came from. Restore "
+                "identity.json, or use a new --output"
+            )
+    identity, notes = reconcile_identity(cfg.output, recorded, current)
+    for note in notes:
+        log.warning("%s", note)
+    write_identity(cfg.output, identity)
+    return identity
+
+
+def check_disk(cfg: ExtractConfig, plan: Plan, identity: OutputIdentity, fmt: OutputFormat, metrics: ExtractMetrics) -> None:
+    """Free space on the output filesystem against the estimated output size."""
+    stored = fmt.stored_dtype or identity.dtype or "bfloat16"
+    per_token = (len(identity.aux_layer_ids) + 1) * identity.hidden_size * _DTYPE_BYTES.get(stored, 2) + 16
+    needed = int(plan.todo_tokens * per_token * cfg.disk_headroom)
+    free = shutil.disk_usage(cfg.output).free
+    metrics.planned_tokens.set(plan.todo_tokens)
+    log.info(
+        "plan%s: %d rows in this shard, %d already settled, %d to extract (%d tokens x %d bytes as %s: about %.2f GB; "
+        "%.2f GB free)",
+        "" if plan.exact else " (estimated from the first rows; counted exactly while the run goes)",
+        plan.rows_in_shard,
+        plan.settled,
+        plan.todo_rows,
+        plan.todo_tokens,
+        per_token,
+        stored,
+        needed / 1e9,
+        free / 1e9,
+    )
+    if plan.exact:
+        log_lengths(cfg, plan)
+    if needed > free:
+        raise DiskSpaceError(
+            f"output {cfg.output} has {free / 1e9:.2f} GB free but this run needs about {needed / 1e9:.2f} GB "
+            f"({plan.todo_tokens} tokens x {per_token} bytes x {cfg.disk_headroom}); free space or choose "
+            "another --output"
+        )
+
+
+def log_lengths(cfg: ExtractConfig, plan: Plan) -> None:
+    """Truncation and the longest sample, against the trainer's default length."""
+    log.info(
+        "plan: %d of them longer than max_seq_len %d (truncated and counted); the longest sample will have %d tokens",
+        plan.truncated_rows,
+        cfg.max_seq_len,
+        plan.longest_tokens,
+    )
+    if plan.over_trainer_default:
+        log.warning(
+            "plan: %d samples are longer than %s's default %s %d and would lose their tail there: train with %s %d "
+            "(recorded in data_config.json)",
+            plan.over_trainer_default,
+            cfg.format,
+            TRAINER_LENGTH_SETTING[cfg.format],
+            TRAINER_DEFAULT_LENGTH[cfg.format],
+            TRAINER_LENGTH_SETTING[cfg.format],
+            plan.longest_tokens,
+        )
