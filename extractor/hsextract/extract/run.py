@@ -3,9 +3,10 @@
 One instance runs one shard of one dataset into one output directory, holding the output's lock
 (``lock.py``). Before the first request it checks the server, the layers and the disk
 (``preflight.py``), scans the dataset (``scan.py``), checks this run against the output's identity and
-records it (``identity.py``), and verifies what earlier runs wrote (``resume_check.py``). Rerunning the same command resumes: rows already written from the same row
-content into an intact file, or known to be bad input, are skipped; everything else is (re)done, and
-at one request per forward the output ends up byte-identical to an uninterrupted run's.
+records it (``identity.py``), and verifies what earlier runs wrote (``resume_check.py``). Rerunning
+the same command resumes: rows already written from the same row content into an intact file, or
+known to be bad input, are skipped; everything else is (re)done, and at one request per forward the
+output ends up byte-identical to an uninterrupted run's.
 
 The first request goes alone; the run fans out to ``concurrency`` once one sample is written. A
 signal (:meth:`Extraction.request_stop`) or a fatal error cancels the requests in flight (they are
