@@ -104,20 +104,12 @@ def iter_row_digests(path: Path) -> Iterator[tuple[int, str]]:
         for item in iter_rows(path):
             yield item.row, item.digest
         return
-    blank_rows: list[int] = []
-    with open(path, "rb") as handle:
-        for row, line in enumerate(handle):
-            content = line.strip()
-            if not content:
-                blank_rows.append(row)
-                continue
-            for blank in blank_rows:
-                yield blank, _digest(b"")
-            blank_rows.clear()
-            yield row, _digest(content)
+    for row, _, content in _jsonl_lines(path):
+        yield row, _digest(content)
 
 
-def _iter_jsonl(path: Path) -> Iterator[DatasetRow]:
+def _jsonl_lines(path: Path) -> Iterator[tuple[int, bytes, bytes]]:
+    """Every row of a JSONL file: its line and the line's stripped content (empty for a blank line)."""
     blank_rows: list[int] = []  # held back: blank lines at the very end are a trailing newline, not rows
     with open(path, "rb") as handle:
         for row, line in enumerate(handle):
@@ -126,9 +118,17 @@ def _iter_jsonl(path: Path) -> Iterator[DatasetRow]:
                 blank_rows.append(row)
                 continue
             for blank in blank_rows:
-                error = BadSampleError(ErrorReason.EMPTY_LINE, f"row {blank}: line {blank + 1} is empty")
-                yield DatasetRow(blank, error, _digest(b""))
+                yield blank, b"", b""
             blank_rows.clear()
+            yield row, line, content
+
+
+def _iter_jsonl(path: Path) -> Iterator[DatasetRow]:
+    for row, line, content in _jsonl_lines(path):
+        if not content:
+            error = BadSampleError(ErrorReason.EMPTY_LINE, f"row {row}: line {row + 1} is empty")
+            yield DatasetRow(row, error, _digest(b""))
+        else:
             yield DatasetRow(row, _decode(row, line), _digest(content))
 
 
