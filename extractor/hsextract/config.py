@@ -82,6 +82,17 @@ class ExtractConfig(_Strict):
     )
     request_timeout_s: float = Field(600.0, gt=0, description="HTTP timeout of one /generate request")
     dump_timeout_s: float = Field(300.0, gt=0, description="how long to wait for a dump after its request returned")
+    answer_grace_s: float = Field(
+        2.0,
+        ge=0,
+        description="once a row's dump is complete, how long its HTTP answer may still take before the row goes on without it",
+    )
+    stall_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="watchdog: when no row settled for this long while requests are open, log them and resend those "
+        "the server has no trace of",
+    )
     health_timeout_s: float = Field(120.0, ge=0, description="how long to wait for the server's HTTP 200 at start")
     max_attempts: int = Field(3, gt=0, description="tries per sample before it is recorded as failed")
     max_consecutive_failures: int = Field(

@@ -55,6 +55,30 @@ class ExtractMetrics:
         self.planned_tokens = Gauge("hsextract_tokens_planned", "Tokens this run will write in all", registry=r)
         self.server_up = Gauge("hsextract_server_up", "1 when the server answered its last request or health check", registry=r)
         self.running = Gauge("hsextract_running", "1 while the extraction runs, 0 once it has finished", registry=r)
+        self.run_started = Gauge(
+            "hsextract_run_start_time_seconds", "Unix time the current extraction run started (alerts stay quiet at first)", registry=r
+        )
+        self.oldest_open = Gauge(
+            "hsextract_oldest_open_request_seconds",
+            "Age of the oldest row whose request is open and not yet settled (0 when none is open)",
+            registry=r,
+        )
+        self.late_answers = Counter(
+            "hsextract_late_answers",
+            "Rows settled by their complete, checked dump before the server's HTTP answer arrived",
+            registry=r,
+        )
+        self.dump_pickup_seconds = Histogram(
+            "hsextract_dump_pickup_seconds",
+            "Seconds from a dump being complete (its done marker) to the extractor taking it up",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=r,
+        )
+        self.resends = Counter(
+            "hsextract_watchdog_resends",
+            "Requests the stall watchdog sent again because the server had no trace of them",
+            registry=r,
+        )
         # Every series exists from the start at 0: panels and rate() show 0, not "no data".
         for status in SAMPLE_STATUSES:
             self.samples.labels(status)
