@@ -96,7 +96,9 @@ def _cmd_extract(args: argparse.Namespace) -> int:
         f"bad input {summary.bad_input}, failed {summary.failed}\n"
         f"  output holds {summary.total_samples} samples, {summary.total_tokens} tokens "
         f"({summary.truncated} truncated to max_seq_len {config.max_seq_len})\n"
-        f"  took {summary.seconds:.1f} s; details in {summary.output}/data_config.json and errors.jsonl"
+        f"  took {summary.seconds:.1f} s; details in {summary.output}/data_config.json and errors.jsonl\n"
+        f"  dumps taken up at most {summary.longest_dump_pickup_s:.2f} s after they were complete; "
+        f"{summary.late_answers} rows written before their HTTP answer came (hsextract_late_answers_total)"
     )
     for line in summary.hints:
         print(f"  {line}")

@@ -21,15 +21,28 @@
             └── ModelMismatchError  the dump comes from another model than the output's
 
 Every message says what was wrong, with the value, and what to do about it.
+
+What one row's failure means for the run is carried by the class, not by a list elsewhere:
+``fatal`` errors stop the run at once (every further request would fail the same way: another
+model or layer set, not an SGLang server, a full disk); ``retryable`` ones are tried again up to
+``max_attempts`` (a dropped connection, a missing or malformed dump); a :class:`BadSampleError` is
+recorded and skipped.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 from hsextract.contract.states import ErrorReason
 
 
 class HsextractError(Exception):
     """Base of every error hsextract raises on purpose."""
+
+    #: one row hit it, and every further row would too: the run stops
+    fatal: ClassVar[bool] = False
+    #: worth another try of the same row
+    retryable: ClassVar[bool] = False
 
 
 class ConfigError(HsextractError):
@@ -51,9 +64,13 @@ class ServerError(HsextractError):
 class TransientServerError(ServerError):
     """A failure worth retrying: connection refused or reset, timeout, HTTP 5xx."""
 
+    retryable = True
+
 
 class WrongServerError(ServerError):
     """The URL answers, but not as an SGLang server would (auth wall, proxy page, wrong path)."""
+
+    fatal = True
 
 
 class IdentityMismatchError(ConfigError):
@@ -70,6 +87,8 @@ class DiskSpaceError(HsextractError):
 
 class DiskFullError(DiskSpaceError):
     """A filesystem the run writes to (the output, or the server's dump root) is full."""
+
+    fatal = True
 
 
 class OutputError(HsextractError):
@@ -103,6 +122,8 @@ class BadRequestError(ReasonedError):
 class DumpError(ReasonedError):
     """A hidden-state dump is missing, malformed, or does not match its request."""
 
+    retryable = True
+
     def __init__(self, reason: ErrorReason, message: str) -> None:
         super().__init__(reason, message)
         self.reason: ErrorReason = reason
@@ -111,6 +132,12 @@ class DumpError(ReasonedError):
 class LayerMismatchError(DumpError):
     """The server captures other layers than configured: every further dump would be wrong too."""
 
+    fatal = True
+    retryable = False
+
 
 class ModelMismatchError(DumpError):
     """A dump was written by another model than the output's (the server was restarted on another checkpoint)."""
+
+    fatal = True
+    retryable = False

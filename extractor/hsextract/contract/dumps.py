@@ -221,6 +221,23 @@ def dump_state(directory: Path) -> DumpState:
         os.close(dir_fd)
 
 
+def completed_at(directory: Path) -> float | None:
+    """When the dump became complete: its ``done`` marker's mtime (``time.time()`` scale), or None."""
+    dir_fd = open_request_dir(directory)
+    if dir_fd is None:
+        return None
+    try:
+        fd = open_file(dir_fd, DONE_FILE, directory)
+        if fd is None:
+            return None
+        try:
+            return os.fstat(fd).st_mtime
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dir_fd)
+
+
 def read_error(directory: Path) -> str:
     try:
         dir_fd = open_request_dir(directory)

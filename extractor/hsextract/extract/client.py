@@ -10,30 +10,45 @@ Answers are classified for what they mean (``/generate``):
   an SGLang server, every request would get the same answer, and the run stops naming the URL
   and the status instead of recording every row as bad input.
 
-Requests in flight can be cancelled from another thread (:meth:`ServerClient.cancel`).
+Every request runs on a request thread that owns its connection (:mod:`hsextract.extract.http_threads`
+says why); :meth:`ServerClient.send_prefill` returns a :class:`PendingAnswer` that the caller can wait
+on, poll beside the request's dump, or abandon. Requests in flight can be cancelled from another
+thread (:meth:`ServerClient.cancel`).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 
+from hsextract.contract.generate import (
+    GENERATE_PATH,
+    HEALTH_GENERATE_PATH,
+    HEALTH_PATH,
+    SERVER_INFO_PATHS,
+    GenerateAnswer,
+    GenerateRequest,
+)
 from hsextract.contract.model_config import read_model_config
 from hsextract.contract.model_fingerprint import model_fingerprint
-from hsextract.contract.server_info import FINAL_PRENORM_KEY, ServerInfo
+from hsextract.contract.server_info import ServerInfo
 from hsextract.contract.states import ErrorReason
 from hsextract.errors import BadSampleError, ServerError, TransientServerError, WrongServerError
-from hsextract.extract.http_transport import CancellableTransport
+from hsextract.extract.http_threads import KEEPALIVE_EXPIRY_S, RequestsCancelled, ThreadedHTTP
 
 log = logging.getLogger(__name__)
 
-_LIMITS = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+#: request threads (and connections) at most: ExtractConfig.concurrency is at most 1024, and rows
+#: written before their answer came keep theirs for answer_grace_s more
+MAX_REQUEST_THREADS = 2048
 _RETRIED = (408, 429)
 
 
@@ -53,24 +68,66 @@ def _json_body(response: httpx.Response) -> Any:
         return None
 
 
+class PendingAnswer:
+    """The answer to one ``/generate`` request, while it may still be on its way."""
+
+    def __init__(
+        self, request: GenerateRequest, future: concurrent.futures.Future[GenerateAnswer], abort: Callable[[], None]
+    ) -> None:
+        self.request = request
+        self._future = future
+        self._abort = abort
+
+    def wait(self, timeout_s: float | None) -> bool:
+        """Wait up to ``timeout_s`` (None: for good) for the answer or its failure; True once it is in."""
+        done, _ = concurrent.futures.wait([self._future], timeout=timeout_s)
+        return bool(done)
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def result(self) -> GenerateAnswer:
+        """The answer; raises what the answer means (module docstring). Call once :meth:`done`."""
+        try:
+            return self._future.result()
+        except (concurrent.futures.CancelledError, RequestsCancelled) as exc:
+            raise TransientServerError(f"/generate for {self.request.rid} was cancelled before its answer came") from exc
+
+    def cancel(self) -> None:
+        """Give up on the answer: the request is cancelled (its connection shut if it is under way)."""
+        self._abort()
+
+    def add_done_callback(self, callback: Callable[[PendingAnswer], object]) -> None:
+        self._future.add_done_callback(lambda _: callback(self))
+
+
 class ServerClient:
-    def __init__(self, base_url: str, request_timeout_s: float = 600.0, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self, base_url: str, request_timeout_s: float = 600.0, keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S
+    ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._cancellable = CancellableTransport(_LIMITS) if transport is None else None
-        self._http = httpx.Client(
-            base_url=self.base_url,
-            timeout=httpx.Timeout(request_timeout_s, connect=10.0),
-            transport=transport or self._cancellable,
-            limits=_LIMITS,
-        )
+        timeout = httpx.Timeout(request_timeout_s, connect=10.0)
+        self._http = ThreadedHTTP(self.base_url, timeout, MAX_REQUEST_THREADS, keepalive_expiry_s)
 
     def close(self) -> None:
         self._http.close()
 
     def cancel(self) -> int:
-        """Fail every request in flight now, and every later one; return the connections shut."""
-        return self._cancellable.cancel() if self._cancellable is not None else 0
+        """Fail every request in flight now, and every later one; return how many were open."""
+        return self._http.cancel()
 
+    def later(self, delay_s: float, callback: Callable[[], object]) -> None:
+        """Run ``callback`` (quick, non-blocking) after ``delay_s`` on the client's timer thread."""
+        self._http.later(delay_s, callback)
+
+    def _get(self, path: str, timeout_s: float) -> httpx.Response:
+        def get(client: httpx.Client) -> httpx.Response:
+            return client.get(path, timeout=timeout_s)
+
+        try:
+            return self._http.call(get)
+        except RequestsCancelled as exc:
+            raise httpx.TransportError(str(exc)) from exc
     def _wrong_server(self, method: str, path: str, response: httpx.Response, what: str) -> WrongServerError:
         return WrongServerError(
             f"{method} {self.base_url}{path} answered HTTP {response.status_code} "
@@ -88,7 +145,7 @@ class ServerClient:
         delay = 0.25
         while True:
             try:
-                response = self._http.get("/health_generate", timeout=30.0)
+                response = self._get(HEALTH_GENERATE_PATH, 30.0)
                 if response.status_code == 200:
                     return
                 last = f"HTTP {response.status_code} {response.text[:200]!r}"
@@ -107,7 +164,7 @@ class ServerClient:
 
     def healthy(self) -> bool:
         try:
-            return self._http.get("/health", timeout=10.0).status_code == 200
+            return self._get(HEALTH_PATH, 10.0).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -124,9 +181,9 @@ class ServerClient:
 
     def _server_info_json(self) -> dict[str, Any]:
         answers = []
-        for path in ("/server_info", "/get_server_info"):
+        for path in SERVER_INFO_PATHS:
             try:
-                response = self._http.get(path, timeout=30.0)
+                response = self._get(path, 30.0)
             except httpx.HTTPError as exc:
                 raise ServerError(f"cannot reach {self.base_url}{path}: {exc}") from exc
             if response.status_code == 200:
@@ -140,36 +197,45 @@ class ServerClient:
             "check --server: it must be an SGLang or hsextract server"
         )
 
-    def prefill(self, rid: str, input_ids: list[int], final_prenorm: bool = False) -> dict[str, Any]:
-        """POST /generate with max_new_tokens 0; returns meta_info (classification: module docstring).
-        ``final_prenorm`` asks a server that dumps the pre-norm state per request
-        (``final_prenorm_per_request``) to dump it."""
-        payload: dict[str, Any] = {"input_ids": input_ids, "rid": rid, "sampling_params": {"max_new_tokens": 0}}
-        if final_prenorm:
-            payload[FINAL_PRENORM_KEY] = True
-        try:
-            response = self._http.post("/generate", json=payload)
-        except httpx.TimeoutException as exc:
-            raise TransientServerError(f"/generate for {rid} timed out: {exc}") from exc
-        except httpx.HTTPError as exc:
-            raise TransientServerError(f"/generate for {rid} failed: {type(exc).__name__}: {exc}") from exc
+    def send_prefill(self, request: GenerateRequest) -> PendingAnswer:
+        """POST /generate (``max_new_tokens`` 0) and return at once; the answer comes as a :class:`PendingAnswer`."""
+        body = request.to_json()
+
+        def post(client: httpx.Client) -> GenerateAnswer:
+            try:
+                response = client.post(GENERATE_PATH, json=body)
+            except httpx.TimeoutException as exc:
+                raise TransientServerError(f"{GENERATE_PATH} for {request.rid} timed out: {exc}") from exc
+            except httpx.HTTPError as exc:
+                raise TransientServerError(f"{GENERATE_PATH} for {request.rid} failed: {type(exc).__name__}: {exc}") from exc
+            return self._classify(request, response)
+
+        future = self._http.submit(post)
+        return PendingAnswer(request, future, lambda: self._http.abort(future))
+
+    def prefill(self, rid: str, input_ids: list[int], final_prenorm: bool = False) -> GenerateAnswer:
+        """:meth:`send_prefill` and wait for the answer. ``final_prenorm`` asks a server that dumps the
+        pre-norm state per request (``final_prenorm_per_request``) to dump it."""
+        pending = self.send_prefill(GenerateRequest(rid, input_ids, final_prenorm))
+        pending.wait(None)
+        return pending.result()
+
+    def _classify(self, request: GenerateRequest, response: httpx.Response) -> GenerateAnswer:
+        rid = request.rid
         status = response.status_code
         if status in _RETRIED or status >= 500:
-            raise TransientServerError(f"/generate for {rid} answered HTTP {status}: {response.text[:300]}")
+            raise TransientServerError(f"{GENERATE_PATH} for {rid} answered HTTP {status}: {response.text[:300]}")
         body = _json_body(response)
         if status == 400 and body is not None:
             raise BadSampleError(ErrorReason.SERVER_REJECTED, f"server refused {rid} with HTTP 400: {response.text[:300]}")
         if status != 200:
             raise self._wrong_server(
-                "POST", "/generate", response, "only 200, a 400 that rejects the prompt, or a retryable error are expected"
+                "POST", GENERATE_PATH, response, "only 200, a 400 that rejects the prompt, or a retryable error are expected"
             )
-        if isinstance(body, list) and body:  # SGLang answers a list for batched input
-            body = body[0]
-        if not isinstance(body, dict):
-            raise self._wrong_server("POST", "/generate", response, "expected a JSON object with meta_info")
-        meta = body.get("meta_info", {})
-        meta = meta if isinstance(meta, dict) else {}
-        prompt_tokens = meta.get("prompt_tokens")
-        if prompt_tokens is not None and prompt_tokens != len(input_ids):
-            raise TransientServerError(f"server says {rid} had {prompt_tokens} prompt tokens, we sent {len(input_ids)}")
-        return dict(meta)
+        answer = GenerateAnswer.parse(body)
+        if answer is None:
+            raise self._wrong_server("POST", GENERATE_PATH, response, "expected a JSON object with meta_info")
+        sent = len(request.input_ids)
+        if answer.prompt_tokens is not None and answer.prompt_tokens != sent:
+            raise TransientServerError(f"server says {rid} had {answer.prompt_tokens} prompt tokens, we sent {sent}")
+        return answer

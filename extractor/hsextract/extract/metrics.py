@@ -56,7 +56,9 @@ class ExtractMetrics:
         self.server_up = Gauge("hsextract_server_up", "1 when the server answered its last request or health check", registry=r)
         self.running = Gauge("hsextract_running", "1 while the extraction runs, 0 once it has finished", registry=r)
         self.run_started = Gauge(
-            "hsextract_run_start_time_seconds", "Unix time the current extraction run started (alerts stay quiet at first)", registry=r
+            "hsextract_run_start_time_seconds",
+            "Unix time the current extraction run started (alerts stay quiet at first)",
+            registry=r,
         )
         self.oldest_open = Gauge(
             "hsextract_oldest_open_request_seconds",

@@ -8,6 +8,12 @@ the same command resumes: rows already written from the same row content into an
 known to be bad input, are skipped; everything else is (re)done, and at one request per forward the
 output ends up byte-identical to an uninterrupted run's.
 
+The parts: each row goes through a :class:`~hsextract.extract.row_worker.RowWorker` (send, wait for
+the dump or the answer, check, write) on one of ``concurrency`` threads; the
+:class:`~hsextract.extract.ledger.Ledger` records what happened to it and holds the counters and the
+fatal stop; :class:`~hsextract.extract.open_requests.StallWatchdog` watches the open rows. This
+module plans, streams the rows to the workers and writes the summary.
+
 The first request goes alone; the run fans out to ``concurrency`` once one sample is written. A
 signal (:meth:`Extraction.request_stop`) or a fatal error cancels the requests in flight (they are
 not failures) and the run ends within seconds with its summary and ``data_config.json`` written.
@@ -27,41 +33,29 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hsextract.config import ExtractConfig
-from hsextract.contract.atomic import disk_full_text, is_disk_full, is_temp_name, remove_quietly
-from hsextract.contract.dumps import Dump, dump_state, read_dump, read_error, remove_dump
+from hsextract.contract.atomic import is_disk_full, is_temp_name, remove_quietly
+from hsextract.contract.dumps import Dump
 from hsextract.contract.layers import capture_indices
-from hsextract.contract.rids import make_rid
 from hsextract.contract.server_info import ServerInfo
-from hsextract.contract.states import DumpState, ErrorKind, ErrorReason, RunStatus
-from hsextract.errors import (
-    BadSampleError,
-    DiskFullError,
-    DumpError,
-    HsextractError,
-    LayerMismatchError,
-    ModelMismatchError,
-    ServerError,
-    TransientServerError,
-    WrongServerError,
-)
-from hsextract.extract.checksum import WrittenFile
+from hsextract.contract.states import ErrorKind, RunStatus
+from hsextract.errors import BadSampleError, DiskFullError, HsextractError, ServerError
 from hsextract.extract.client import ServerClient
 from hsextract.extract.data_config import build_data_config, write_data_config
 from hsextract.extract.dataset import Sample, iter_raw_rows, iter_rows, validate_row
-from hsextract.extract.dump_checks import DumpExpectation, check_dump
+from hsextract.extract.dump_checks import DumpExpectation
 from hsextract.extract.formats import OutputFormat
-from hsextract.extract.identity import (
-    OutputIdentity,
-    write_identity,
-)
+from hsextract.extract.identity import OutputIdentity, write_identity
+from hsextract.extract.ledger import Ledger, disk_full_error
 from hsextract.extract.lock import OutputLock
-from hsextract.extract.manifest import ErrorRecord, Manifest, WrittenSample
+from hsextract.extract.manifest import Manifest, WrittenSample
 from hsextract.extract.metrics import ExtractMetrics
+from hsextract.extract.open_requests import OpenRequests, StallWatchdog
 from hsextract.extract.ordering import shortest_first
 from hsextract.extract.plan import Plan, Planner
 from hsextract.extract.preflight import check_disk, check_server, establish_identity, log_lengths, serving_and_trainer_guards
 from hsextract.extract.progress import Progress
 from hsextract.extract.resume_check import check_resume
+from hsextract.extract.row_worker import RowWorker
 from hsextract.extract.scan import DatasetScan, scan_dataset
 from hsextract.extract.serving_hints import (
     TRAINER_DEFAULT_LENGTH,
@@ -71,9 +65,6 @@ from hsextract.extract.serving_hints import (
 from hsextract.extract.stale_dumps import sweep_stale_dumps
 
 log = logging.getLogger(__name__)
-
-#: errors after which no further request can succeed: the run stops at once
-_FATAL = (LayerMismatchError, ModelMismatchError, WrongServerError, DiskFullError)
 
 
 @dataclass
@@ -93,6 +84,10 @@ class RunSummary:
     stop_reason: str | None = None
     #: how to serve and train on the output (data_config.json ``serving`` and ``trainer``)
     hints: tuple[str, ...] = ()
+    #: rows written from their dump whose HTTP answer did not follow within answer_grace_s
+    late_answers: int = 0
+    #: the longest a complete dump waited before the extractor took it up
+    longest_dump_pickup_s: float = 0.0
 
 
 def sweep_temp_files(root: Path) -> int:
@@ -121,16 +116,11 @@ class Extraction:
         self.client = client or ServerClient(config.server, config.request_timeout_s)
         self.stop = stop_event or threading.Event()
         self._lock = threading.Lock()
-        self._consecutive_failures = 0
-        self._fatal: HsextractError | None = None
-        self._interrupted_by: str | None = None
-        self._written_now = 0
-        self._failed_now = 0
         self._inflight = 0
         self._identity: OutputIdentity | None = None
-        self._fanned_out = threading.Event()  # one sample went through: send at full concurrency
         self._finished = threading.Event()
-        self._final_prenorm = False  # ask the server for the pre-norm state (only when the format needs it)
+        self._interrupted_by: str | None = None  # a stop asked before the ledger exists
+        self.ledger: Ledger | None = None
 
     # -- stopping -----------------------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:
@@ -138,6 +128,8 @@ class Extraction:
         failed; the summary and data_config.json are written; a rerun resumes."""
         if self._interrupted_by is None:
             self._interrupted_by = reason
+        if self.ledger is not None:
+            self.ledger.request_stop(reason)
         self.stop.set()
 
     def _check_stop(self) -> None:
@@ -213,6 +205,16 @@ class Extraction:
         scan = scan_dataset(cfg.dataset, cfg.shard_index, cfg.num_shards, self._check_stop)
         identity = self._identity = establish_identity(cfg, info, aux, scan, fmt)
         manifest = Manifest(cfg.output)
+        ledger = self.ledger = Ledger(
+            manifest,
+            self.metrics,
+            cfg.output,
+            self.stop,
+            max_attempts=cfg.max_attempts,
+            max_consecutive_failures=cfg.max_consecutive_failures,
+            server_url=cfg.server,
+        )
+        ledger.interrupted_by = self._interrupted_by
         planner: Planner | None = None
         try:
             resume = check_resume(manifest, scan, fmt, cfg.resume_check == "checksum", self._check_stop)
@@ -229,6 +231,7 @@ class Extraction:
             self.metrics.planned.set(plan.rows_in_shard)
             self.metrics.samples.labels("resumed").inc(plan.settled)
             self.metrics.running.set(1)
+            self.metrics.run_started.set(time.time())
             expect = DumpExpectation(
                 aux,
                 capture_indices(aux),
@@ -241,10 +244,25 @@ class Extraction:
             progress = Progress(plan.rows_in_shard, plan.settled, plan.todo_tokens, cfg.log_interval_s)
             if not plan.exact:
                 planner.start(functools.partial(self._exact_plan, progress=progress))
-            self._final_prenorm = fmt.needs_final_prenorm and bool(info.final_prenorm_per_request)
+            open_requests = OpenRequests()
+            worker = RowWorker(
+                cfg,
+                self.client,
+                ledger,
+                self.metrics,
+                fmt,
+                dump_dir,
+                functools.partial(self._expectation, expect),
+                open_requests,
+                final_prenorm=fmt.needs_final_prenorm and bool(info.final_prenorm_per_request),
+            )
+            watchdog = StallWatchdog(open_requests, ledger, self.metrics, cfg.stall_timeout_s)
+            watchdog.start()
             try:
-                self._stream(manifest, info.vocab_size, fmt, dump_dir, expect, progress)
+                self._stream(ledger, worker, info.vocab_size, dump_dir, progress)
             finally:
+                watchdog.close()
+                worker.abandon_answers()
                 progress.close()
                 self.metrics.running.set(0)
         except KeyboardInterrupt:
@@ -252,18 +270,9 @@ class Extraction:
         except BaseException:
             self._close_quietly(manifest)
             raise
-        status, stop_reason = self._outcome()
+        status, stop_reason = ledger.outcome()
         plan = planner.result() if planner is not None else Plan(len(scan.row_hashes), 0, 0, 0)
-        return self._finish(started, info, aux, dump_dir, fmt, serving, manifest, plan, status, stop_reason)
-
-    def _outcome(self) -> tuple[RunStatus, str | None]:
-        if self._fatal is not None:
-            return RunStatus.STOPPED, f"{type(self._fatal).__name__}: {self._fatal}"
-        if self._interrupted_by is not None:
-            return RunStatus.INTERRUPTED, f"interrupted ({self._interrupted_by}); rerun the same command to resume"
-        if self._failed_now:
-            return RunStatus.INCOMPLETE, None
-        return RunStatus.COMPLETE, None
+        return self._finish(started, info, aux, dump_dir, fmt, serving, ledger, plan, status, stop_reason)
 
     @staticmethod
     def _close_quietly(manifest: Manifest) -> None:
@@ -284,13 +293,14 @@ class Extraction:
         dump_dir: Path,
         fmt: OutputFormat,
         serving: SGLangServing,
-        manifest: Manifest,
+        ledger: Ledger,
         plan: Plan,
         status: RunStatus,
         stop_reason: str | None,
     ) -> RunSummary:
         """Write what can be written, even on a full disk: the manifest, the format's index, data_config."""
         cfg = self.config
+        manifest = ledger.manifest
         self._close_quietly(manifest)
         if status in (RunStatus.COMPLETE, RunStatus.INCOMPLETE):
             try:
@@ -301,8 +311,8 @@ class Extraction:
             except (OSError, RuntimeError) as exc:
                 if not is_disk_full(exc):
                     raise
-                self._fatal = self._disk_full(cfg.output, "the output", exc)
-                status, stop_reason = self._outcome()
+                ledger.stop_fatal(disk_full_error(cfg.output, "the output", exc))
+                status, stop_reason = ledger.outcome()
         identity = self._identity
         computed_dtype = identity.dtype if identity is not None else info.dtype
         data_config = build_data_config(
@@ -327,7 +337,7 @@ class Extraction:
             status=status,
             output=cfg.output,
             rows_in_shard=plan.rows_in_shard,
-            written_now=self._written_now,
+            written_now=ledger.written_now,
             resumed=plan.settled,
             bad_input=sum(1 for e in manifest.errors.values() if e.kind is ErrorKind.BAD_INPUT),
             failed=sum(1 for e in manifest.errors.values() if e.kind is ErrorKind.FAILED),
@@ -335,9 +345,11 @@ class Extraction:
             total_samples=data_config["total_samples"],
             total_tokens=data_config["total_tokens"],
             seconds=time.monotonic() - started,
-            fatal_error=None if self._fatal is None else f"{type(self._fatal).__name__}: {self._fatal}",
+            fatal_error=ledger.fatal_text(),
             stop_reason=stop_reason,
             hints=tuple(summary_lines(serving, data_config["trainer"], cfg.output)),
+            late_answers=ledger.late_answers,
+            longest_dump_pickup_s=ledger.longest_dump_pickup_s,
         )
 
     def _exact_plan(self, plan: Plan, progress: Progress) -> None:
@@ -362,16 +374,10 @@ class Extraction:
                 removed += 1
         return removed
 
-    def _stream(
-        self,
-        manifest: Manifest,
-        vocab_size: int,
-        fmt: OutputFormat,
-        dump_dir: Path,
-        expect: DumpExpectation,
-        progress: Progress,
-    ) -> None:
+    def _stream(self, ledger: Ledger, worker: RowWorker, vocab_size: int, dump_dir: Path, progress: Progress) -> None:
+        """Hand every row of the shard that is not settled to the workers, at most ``concurrency`` at once."""
         cfg = self.config
+        manifest = ledger.manifest
         slots = threading.BoundedSemaphore(cfg.concurrency)
         digests: dict[int, str] = {}  # each row's content hash, as read now; taken when the row leaves
 
@@ -392,10 +398,10 @@ class Extraction:
                     try:
                         sample = validate_row(row, raw, vocab_size, cfg.max_seq_len)
                     except BadSampleError as exc:
-                        self._record_bad(manifest, row, digest, exc)
+                        ledger.bad_input(row, digest, exc)
                         progress.advance()
                         continue
-                    if not self._wait_for_shm(dump_dir):
+                    if not self._wait_for_shm(ledger, dump_dir):
                         break
                     while not slots.acquire(timeout=0.5):
                         if self.stop.is_set():
@@ -405,9 +411,11 @@ class Extraction:
                     with self._lock:
                         self._inflight += 1
                     self.metrics.inflight.inc()
-                    future: Future[None] = pool.submit(self._process, sample, digest, manifest, fmt, dump_dir, expect)
-                    future.add_done_callback(functools.partial(self._on_done, sample=sample, slots=slots, progress=progress))
-                    if not self._fanned_out.is_set():
+                    future: Future[None] = pool.submit(worker.process, sample, digest)
+                    future.add_done_callback(
+                        functools.partial(self._on_done, ledger=ledger, sample=sample, slots=slots, progress=progress)
+                    )
+                    if not ledger.fanned_out.is_set():
                         self._await_probe(future)
             except BaseException:
                 self.stop.set()
@@ -421,7 +429,15 @@ class Extraction:
             if done:
                 return
 
-    def _on_done(self, future: Future[None], *, sample: Sample, slots: threading.BoundedSemaphore, progress: Progress) -> None:
+    def _on_done(
+        self,
+        future: Future[None],
+        *,
+        ledger: Ledger,
+        sample: Sample,
+        slots: threading.BoundedSemaphore,
+        progress: Progress,
+    ) -> None:
         self.metrics.inflight.dec()
         with self._lock:
             self._inflight -= 1
@@ -429,13 +445,13 @@ class Extraction:
         exc = future.exception()
         if exc is not None:  # a bug, not a sample problem: stop the run loudly
             log.error("row %d crashed the worker: %r", sample.row, exc)
-            self._stop_fatal(
+            ledger.stop_fatal(
                 exc if isinstance(exc, HsextractError) else ServerError(f"internal error on row {sample.row}: {exc!r}")
             )
             return
         progress.advance(len(sample.input_ids))
 
-    def _wait_for_shm(self, dump_dir: Path) -> bool:
+    def _wait_for_shm(self, ledger: Ledger, dump_dir: Path) -> bool:
         """Wait while the dump filesystem is above the high-water mark; False when the run stops."""
         cfg = self.config
         full_since: float | None = None
@@ -452,7 +468,7 @@ class Extraction:
             if busy:
                 full_since = now  # our own dumps fill it: they drain as they are packed
             elif now - full_since >= cfg.shm_wait_timeout_s:
-                self._stop_fatal(
+                ledger.stop_fatal(
                     DiskFullError(
                         f"the dump filesystem of {dump_dir} has stayed {used:.0%} full (shm_high_water "
                         f"{cfg.shm_high_water:.0%}) for {cfg.shm_wait_timeout_s:.0f} s with no request of this run in "
@@ -463,80 +479,6 @@ class Extraction:
                 return False
             self.stop.wait(0.2)
         return False
-
-    # -- one sample ---------------------------------------------------------------------------------
-    def _process(
-        self, sample: Sample, row_hash: str, manifest: Manifest, fmt: OutputFormat, dump_dir: Path, expect: DumpExpectation
-    ) -> None:
-        cfg = self.config
-        rid = make_rid(sample.row, len(sample.input_ids), cfg.rid_prefix)
-        directory = dump_dir / rid
-        last_error: Exception | None = None
-        for attempt in range(1, cfg.max_attempts + 1):
-            if self.stop.is_set():
-                return  # abandoned: not recorded, so the next run does it
-            remove_dump(directory)
-            started = time.monotonic()
-            try:
-                with self.metrics.stage("request"):
-                    self.client.prefill(rid, sample.input_ids, final_prenorm=self._final_prenorm)
-                self.metrics.server_up.set(1)
-                with self.metrics.stage("wait_dump"):
-                    dump = self._wait_for_dump(directory)
-                with self.metrics.stage("verify"):
-                    check_dump(dump, sample.input_ids, self._expectation(expect, dump))
-                with self.metrics.stage("pack"):
-                    written = self._write_sample(fmt, sample, dump)
-            except BadSampleError as exc:
-                remove_dump(directory)
-                self._record_bad(manifest, sample.row, row_hash, exc)
-                return
-            except _FATAL as exc:
-                remove_dump(directory)
-                self._stop_fatal(exc)
-                return
-            except TransientServerError as exc:
-                if self.stop.is_set():
-                    return  # cancelled because the run stops: not a failure
-                self.metrics.server_up.set(0 if not self.client.healthy() else 1)
-                self.metrics.errors.labels(ErrorReason.SERVER).inc()
-                last_error = exc
-            except DumpError as exc:
-                if self.stop.is_set():
-                    return  # interrupted while waiting: not a failure, the next run redoes the row
-                self.metrics.errors.labels(exc.reason).inc()
-                last_error = exc
-            else:
-                remove_dump(directory)
-                self._record_written(manifest, fmt, sample, row_hash, written, time.monotonic() - started)
-                return
-            log.warning("row %d attempt %d/%d failed: %s", sample.row, attempt, cfg.max_attempts, last_error)
-            if attempt < cfg.max_attempts:
-                self.metrics.retries.inc()
-                self.stop.wait(min(30.0, 0.5 * 2**attempt))
-        remove_dump(directory)
-        if self.stop.is_set():
-            return
-        self._record_failed(manifest, sample.row, row_hash, last_error)
-
-    def _write_sample(self, fmt: OutputFormat, sample: Sample, dump: Dump) -> WrittenFile:
-        try:
-            return fmt.write_sample(sample, dump)
-        except (OSError, RuntimeError) as exc:  # torch's zip writer wraps the OSError in a RuntimeError
-            if is_disk_full(exc):
-                raise self._disk_full(self.config.output, "the output", exc) from exc
-            raise
-
-    @staticmethod
-    def _disk_full(path: Path, what: str, exc: BaseException) -> DiskFullError:
-        try:
-            free = f"{shutil.disk_usage(path).free / 1e6:.1f} MB free"
-        except OSError:
-            free = "free space unknown"
-        return DiskFullError(
-            f"the filesystem of {what} ({path}, {free}) is full: {exc}. No sample was lost: free space there "
-            "(docs/runbooks/disk-full.md), then rerun the same command to resume"
-        )
 
     def _expectation(self, expect: DumpExpectation, dump: Dump) -> DumpExpectation:
         # A server that does not report its dtype: the first dump sets it for the whole output.
@@ -550,103 +492,3 @@ class Extraction:
                 write_identity(self.config.output, identity)
             dtype = identity.dtype if identity is not None else None
         return replace(expect, dtype=dtype)
-
-    def _wait_for_dump(self, directory: Path) -> Dump:
-        # The SGLang hook writes on a background thread: the dump can land after the response.
-        deadline = time.monotonic() + self.config.dump_timeout_s
-        delay = 0.002
-        while True:
-            state = dump_state(directory)
-            if state is DumpState.DONE:
-                return read_dump(directory)
-            if state is DumpState.ERROR:
-                reason = read_error(directory)
-                if disk_full_text(reason):
-                    raise DiskFullError(
-                        f"the server could not write dump {directory.name}: its dump filesystem ({directory.parent}) is "
-                        f"full ({reason}). Free space there or lower --concurrency (docs/runbooks/shm-full.md), then "
-                        "rerun the same command to resume"
-                    )
-                raise DumpError(ErrorReason.SERVER_DUMP_ERROR, f"the server could not dump {directory.name}: {reason}")
-            if time.monotonic() > deadline:
-                raise DumpError(
-                    ErrorReason.DUMP_TIMEOUT,
-                    f"no dump appeared at {directory} within {self.config.dump_timeout_s:.0f} s after the request "
-                    "returned; is dump_dir the directory the server writes to (same host, same /dev/shm)?",
-                )
-            if self.stop.wait(delay):
-                raise DumpError(ErrorReason.INTERRUPTED, "run stopping")
-            delay = min(delay * 2, 0.05)
-
-    # -- bookkeeping -------------------------------------------------------------------------------
-    def _append(self, write: functools.partial[None]) -> bool:
-        """A manifest append; a full disk stops the run (the append was cut back off)."""
-        try:
-            write()
-        except OSError as exc:
-            if not is_disk_full(exc):
-                raise
-            self._stop_fatal(self._disk_full(self.config.output, "the output", exc))
-            return False
-        return True
-
-    def _record_written(
-        self, manifest: Manifest, fmt: OutputFormat, sample: Sample, row_hash: str, written: WrittenFile, seconds: float
-    ) -> None:
-        record = WrittenSample(
-            sample.row,
-            fmt.relative(sample.row),
-            len(sample.input_ids),
-            sample.original_length,
-            written.bytes,
-            checksum=written.checksum,
-            row_hash=row_hash,
-        )
-        if not self._append(functools.partial(manifest.add_written, record)):
-            return
-        self._fanned_out.set()
-        with self._lock:
-            self._consecutive_failures = 0
-            self._written_now += 1
-        self.metrics.samples.labels("ok").inc()
-        self.metrics.tokens.inc(len(sample.input_ids))
-        self.metrics.output_bytes.inc(written.bytes)
-        self.metrics.request_seconds.observe(seconds)
-        if sample.truncated:
-            self.metrics.truncated.inc()
-
-    def _record_bad(self, manifest: Manifest, row: int, row_hash: str, exc: BadSampleError) -> None:
-        log.warning("skipping bad row %d: %s", row, exc)
-        if not self._append(
-            functools.partial(manifest.add_error, ErrorRecord(row, ErrorKind.BAD_INPUT, exc.reason, str(exc), row_hash))
-        ):
-            return
-        self.metrics.samples.labels("bad_input").inc()
-        self.metrics.errors.labels(exc.reason).inc()
-
-    def _record_failed(self, manifest: Manifest, row: int, row_hash: str, error: Exception | None) -> None:
-        reason = getattr(error, "reason", ErrorReason.SERVER)
-        if not self._append(
-            functools.partial(manifest.add_error, ErrorRecord(row, ErrorKind.FAILED, reason, str(error), row_hash))
-        ):
-            return
-        self.metrics.samples.labels("failed").inc()
-        with self._lock:
-            self._failed_now += 1
-            self._consecutive_failures += 1
-            failures = self._consecutive_failures
-        if failures >= self.config.max_consecutive_failures:
-            self._stop_fatal(
-                ServerError(
-                    f"{failures} samples in a row failed after {self.config.max_attempts} tries each; last error: {error}. "
-                    f"Check the server (curl {self.config.server}/health_generate, its log) and that the dump dir is shared "
-                    "with it; then rerun the same command to resume"
-                )
-            )
-
-    def _stop_fatal(self, error: HsextractError) -> None:
-        with self._lock:
-            if self._fatal is None:
-                self._fatal = error
-        log.error("stopping the run: %s", error)
-        self.stop.set()

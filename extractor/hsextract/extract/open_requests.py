@@ -1,0 +1,159 @@
+"""The rows whose request is open, and the watchdog that notices when none of them settles.
+
+A row is open from its first request until it is written or recorded. The watchdog exports the
+age of the oldest open row (``hsextract_oldest_open_request_seconds``, which the
+``HsextractExtractionStalled`` alert reads) and, when no row has settled for ``stall_timeout_s``
+while rows are open, logs which rows are open and for how long and sends again the requests the
+server has no trace of (no dump directory at all): a request lost on its way in is not waited on
+for ``request_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hsextract.extract.client import PendingAnswer
+from hsextract.extract.ledger import Ledger
+from hsextract.extract.metrics import ExtractMetrics
+
+log = logging.getLogger(__name__)
+
+#: open rows named in one watchdog log line (the oldest first)
+LISTED = 20
+
+
+@dataclass(eq=False)
+class OpenRequest:
+    row: int
+    rid: str
+    directory: Path
+    opened: float = field(default_factory=time.monotonic)
+    pending: PendingAnswer | None = None  # the request of the current attempt
+    _resend: threading.Event = field(default_factory=threading.Event)
+
+    def sent(self, pending: PendingAnswer) -> None:
+        self.pending = pending
+
+    def request_resend(self) -> None:
+        """Cancel the current request and have the row's worker send it again."""
+        pending = self.pending  # taken first: the worker may send the next request at once
+        self._resend.set()
+        if pending is not None:
+            pending.cancel()
+
+    def take_resend(self) -> bool:
+        """True once after :meth:`request_resend`."""
+        if self._resend.is_set():
+            self._resend.clear()
+            return True
+        return False
+
+
+class OpenRequests:
+    """Thread-safe registry of the open rows."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[int, OpenRequest] = {}
+
+    def open(self, row: int, rid: str, directory: Path) -> OpenRequest:
+        entry = OpenRequest(row, rid, directory)
+        with self._lock:
+            self._open[row] = entry
+        return entry
+
+    def close(self, entry: OpenRequest) -> None:
+        with self._lock:
+            if self._open.get(entry.row) is entry:
+                del self._open[entry.row]
+
+    def oldest_first(self) -> list[OpenRequest]:
+        with self._lock:
+            return sorted(self._open.values(), key=lambda e: e.opened)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._open)
+
+
+def has_trace(directory: Path) -> bool:
+    """Whether the server left anything for this request (its dump directory exists, even partly)."""
+    try:
+        os.lstat(directory)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+class StallWatchdog:
+    """Checks every ``interval_s`` on its own thread; :meth:`check` is one pass (tests call it)."""
+
+    def __init__(
+        self,
+        requests: OpenRequests,
+        ledger: Ledger,
+        metrics: ExtractMetrics,
+        stall_timeout_s: float,
+        interval_s: float = 1.0,
+        trace: Callable[[Path], bool] = has_trace,
+    ) -> None:
+        self.requests = requests
+        self.ledger = ledger
+        self.metrics = metrics
+        self.stall_timeout_s = stall_timeout_s
+        self.interval_s = interval_s
+        self._trace = trace
+        self._last_alarm = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="hsextract-watchdog", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.metrics.oldest_open.set(0)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.check()
+
+    def check(self, now: float | None = None) -> int:
+        """Update the oldest-open gauge; on a stall, log the open rows and resend the traceless ones.
+        Returns how many were sent again."""
+        now = time.monotonic() if now is None else now
+        entries = self.requests.oldest_first()
+        self.metrics.oldest_open.set(now - entries[0].opened if entries else 0.0)
+        quiet = now - max(self.ledger.last_settled, self._last_alarm)
+        if not entries or quiet < self.stall_timeout_s:
+            return 0
+        self._last_alarm = now
+        traced = [(e, self._trace(e.directory)) for e in entries]
+        resend = [e for e, trace in traced if not trace and now - e.opened >= self.stall_timeout_s]
+        listed = ", ".join(
+            f"row {e.row} {now - e.opened:.0f} s ({'dump started' if trace else 'no trace on the server'})"
+            for e, trace in traced[:LISTED]
+        )
+        more = f" and {len(entries) - LISTED} more" if len(entries) > LISTED else ""
+        log.warning(
+            "no row settled for %.0f s while %d requests are open: %s%s; sending again the %d the server has no trace of "
+            "(docs/runbooks/extraction-stalled.md)",
+            quiet,
+            len(entries),
+            listed,
+            more,
+            len(resend),
+        )
+        for entry in resend:
+            entry.request_resend()
+            self.metrics.resends.inc()
+        return len(resend)

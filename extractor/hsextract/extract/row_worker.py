@@ -1,0 +1,239 @@
+"""One row, start to finish: send its request, wait for its dump or its answer, check, write.
+
+The dump, not the HTTP answer, finishes a row. While the request is open the worker also watches
+the row's dump directory; once the dump is complete it goes on (reads, checks and writes it)
+whether or not the answer has come. An answer that has not followed ``answer_grace_s`` later is
+logged once, counted (``hsextract_late_answers_total``) and cancelled, never waited on. The
+other way round, an answer without a dump waits ``dump_timeout_s`` for it (the SGLang hook writes
+after answering). What a failure means (retry, skip the row, stop the run) is the error's own
+``fatal`` / ``retryable`` (:mod:`hsextract.errors`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from hsextract.config import ExtractConfig
+from hsextract.contract.atomic import disk_full_text, is_disk_full
+from hsextract.contract.dumps import Dump, completed_at, dump_state, read_dump, read_error, remove_dump
+from hsextract.contract.generate import GenerateRequest
+from hsextract.contract.rids import make_rid
+from hsextract.contract.states import DumpState, ErrorReason
+from hsextract.errors import BadSampleError, DiskFullError, DumpError, HsextractError, TransientServerError
+from hsextract.extract.checksum import WrittenFile
+from hsextract.extract.client import PendingAnswer, ServerClient
+from hsextract.extract.dataset import Sample
+from hsextract.extract.dump_checks import DumpExpectation, check_dump
+from hsextract.extract.formats import OutputFormat
+from hsextract.extract.ledger import Ledger, disk_full_error
+from hsextract.extract.metrics import ExtractMetrics
+from hsextract.extract.open_requests import OpenRequest, OpenRequests
+
+log = logging.getLogger(__name__)
+
+#: polling the dump directory while the request is open: first after this, then doubling up to the cap
+FIRST_POLL_S = 0.005
+MAX_POLL_S = 0.1
+
+
+class _Resend(Exception):
+    """The watchdog cancelled this request to send it again (not an attempt that failed)."""
+
+
+class RowWorker:
+    """Processes rows on the calling thread; one instance serves every worker thread of a run."""
+
+    def __init__(
+        self,
+        config: ExtractConfig,
+        client: ServerClient,
+        ledger: Ledger,
+        metrics: ExtractMetrics,
+        fmt: OutputFormat,
+        dump_dir: Path,
+        expectation: Callable[[Dump], DumpExpectation],
+        open_requests: OpenRequests,
+        final_prenorm: bool,
+    ) -> None:
+        self.config = config
+        self.client = client
+        self.ledger = ledger
+        self.metrics = metrics
+        self.fmt = fmt
+        self.dump_dir = dump_dir
+        self.expectation = expectation
+        self.open_requests = open_requests
+        self.final_prenorm = final_prenorm
+        self.stop: threading.Event = ledger.stop
+        self._lock = threading.Lock()
+        self._lingering: dict[PendingAnswer, OpenRequest] = {}  # rows written before their answer came
+
+    def process(self, sample: Sample, row_hash: str) -> None:
+        rid = make_rid(sample.row, len(sample.input_ids), self.config.rid_prefix)
+        entry = self.open_requests.open(sample.row, rid, self.dump_dir / rid)
+        try:
+            self._attempts(sample, row_hash, entry)
+        finally:
+            self.open_requests.close(entry)
+
+    def _attempts(self, sample: Sample, row_hash: str, entry: OpenRequest) -> None:
+        cfg = self.config
+        directory = entry.directory
+        last_error: HsextractError | None = None
+        for attempt in range(1, cfg.max_attempts + 1):
+            if self.stop.is_set():
+                return  # abandoned: not recorded, so the next run does it
+            remove_dump(directory)
+            started = time.monotonic()
+            try:
+                dump, pending = self._send_until_dump(sample, entry)
+                with self.metrics.stage("verify"):
+                    check_dump(dump, sample.input_ids, self.expectation(dump))
+                with self.metrics.stage("pack"):
+                    written = self._write_sample(sample, dump)
+            except HsextractError as exc:
+                if isinstance(exc, BadSampleError):
+                    remove_dump(directory)
+                    self.ledger.bad_input(sample.row, row_hash, exc)
+                    return
+                if exc.fatal:
+                    remove_dump(directory)
+                    self.ledger.stop_fatal(exc)
+                    return
+                if not exc.retryable:
+                    raise
+                if self.stop.is_set():
+                    return  # cancelled because the run stops: not a failure
+                self._count_failure(exc)
+                last_error = exc
+            else:
+                remove_dump(directory)
+                self.ledger.written(self.fmt.relative(sample.row), sample, row_hash, written, time.monotonic() - started)
+                if not pending.done():
+                    self._leave_answer(pending, entry)
+                return
+            log.warning("row %d attempt %d/%d failed: %s", sample.row, attempt, cfg.max_attempts, last_error)
+            if attempt < cfg.max_attempts:
+                self.metrics.retries.inc()
+                self.stop.wait(min(30.0, 0.5 * 2**attempt))
+        remove_dump(directory)
+        if not self.stop.is_set():
+            self.ledger.failed(sample.row, row_hash, last_error)
+
+    def _count_failure(self, exc: HsextractError) -> None:
+        if isinstance(exc, TransientServerError):
+            self.metrics.server_up.set(1 if self.client.healthy() else 0)
+            self.metrics.errors.labels(ErrorReason.SERVER).inc()
+        elif isinstance(exc, DumpError):
+            self.metrics.errors.labels(exc.reason).inc()
+
+    # -- one request ----------------------------------------------------------------------------------
+    def _send_until_dump(self, sample: Sample, entry: OpenRequest) -> tuple[Dump, PendingAnswer]:
+        """Send the row's request (again, when the watchdog asks) until its dump is complete."""
+        request = GenerateRequest(entry.rid, sample.input_ids, self.final_prenorm)
+        while True:
+            pending = self.client.send_prefill(request)
+            entry.sent(pending)
+            try:
+                return self._await_dump(pending, entry.directory, entry), pending
+            except _Resend:
+                log.info("row %d: sent again by the watchdog (the server had no trace of it)", sample.row)
+                remove_dump(entry.directory)
+
+    def _await_dump(self, pending: PendingAnswer, directory: Path, entry: OpenRequest) -> Dump:
+        """Wait for the answer while watching the dump; the complete dump wins either way."""
+        delay = FIRST_POLL_S
+        with self.metrics.stage("request"):
+            while not pending.wait(delay):
+                if self.stop.is_set():
+                    pending.cancel()
+                    raise DumpError(ErrorReason.INTERRUPTED, "run stopping")
+                if entry.take_resend():
+                    raise _Resend
+                state = dump_state(directory)
+                if state is DumpState.DONE:
+                    return self._take_dump(directory)
+                if state is DumpState.ERROR:
+                    raise self._server_dump_error(directory)
+                delay = min(delay * 2, MAX_POLL_S)
+        if entry.take_resend():
+            raise _Resend
+        try:
+            pending.result()
+        except TransientServerError:
+            if dump_state(directory) is DumpState.DONE:  # the request failed, but its dump is complete
+                return self._take_dump(directory)
+            raise
+        self.metrics.server_up.set(1)
+        with self.metrics.stage("wait_dump"):
+            return self._wait_for_dump(directory)
+
+    def _wait_for_dump(self, directory: Path) -> Dump:
+        """After the answer: the SGLang hook writes on a background thread, so the dump can land later."""
+        deadline = time.monotonic() + self.config.dump_timeout_s
+        delay = 0.002
+        while True:
+            state = dump_state(directory)
+            if state is DumpState.DONE:
+                return self._take_dump(directory)
+            if state is DumpState.ERROR:
+                raise self._server_dump_error(directory)
+            if time.monotonic() > deadline:
+                raise DumpError(
+                    ErrorReason.DUMP_TIMEOUT,
+                    f"no dump appeared at {directory} within {self.config.dump_timeout_s:.0f} s after the request "
+                    "returned; is dump_dir the directory the server writes to (same host, same /dev/shm)?",
+                )
+            if self.stop.wait(delay):
+                raise DumpError(ErrorReason.INTERRUPTED, "run stopping")
+            delay = min(delay * 2, 0.05)
+
+    def _take_dump(self, directory: Path) -> Dump:
+        done_at = completed_at(directory)
+        if done_at is not None:
+            self.ledger.dump_picked_up(time.time() - done_at)
+        return read_dump(directory)
+
+    @staticmethod
+    def _server_dump_error(directory: Path) -> HsextractError:
+        reason = read_error(directory)
+        if disk_full_text(reason):
+            return DiskFullError(
+                f"the server could not write dump {directory.name}: its dump filesystem ({directory.parent}) is "
+                f"full ({reason}). Free space there or lower --concurrency (docs/runbooks/shm-full.md), then "
+                "rerun the same command to resume"
+            )
+        return DumpError(ErrorReason.SERVER_DUMP_ERROR, f"the server could not dump {directory.name}: {reason}")
+
+    def _leave_answer(self, pending: PendingAnswer, entry: OpenRequest) -> None:
+        """The row is written from its dump; its answer gets ``answer_grace_s`` more, then is counted late."""
+        with self._lock:
+            self._lingering[pending] = entry
+        self.client.later(self.config.answer_grace_s, functools.partial(self._settle_answer, pending))
+
+    def _settle_answer(self, pending: PendingAnswer) -> None:
+        with self._lock:
+            entry = self._lingering.pop(pending, None)
+        if entry is not None and not pending.done():
+            self.ledger.answer_late(entry.row, entry.rid, self.config.answer_grace_s)
+            pending.cancel()
+
+    def abandon_answers(self) -> None:
+        """The run ends: answers still awaited are counted late now and cancelled."""
+        with self._lock:
+            lingering = list(self._lingering)
+        for pending in lingering:
+            self._settle_answer(pending)
+
+    def _write_sample(self, sample: Sample, dump: Dump) -> WrittenFile:
+        try:
+            return self.fmt.write_sample(sample, dump)
+        except (OSError, RuntimeError) as exc:  # torch's zip writer wraps the OSError in a RuntimeError
+            if is_disk_full(exc):
+                raise disk_full_error(self.config.output, "the output", exc) from exc
+            raise
