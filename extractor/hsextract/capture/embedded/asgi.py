@@ -62,7 +62,7 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 class ServedEngine(Protocol):
-    """What the routes need of :class:`~hsextract.capture.embedded.engine.Engine`."""
+    """What the HTTP front needs of :class:`~hsextract.capture.embedded.engine.Engine`."""
 
     vocab_size: int
     model_path: Path
@@ -71,6 +71,8 @@ class ServedEngine(Protocol):
     def submit(self, rid: str, input_ids: list[int], final_prenorm: bool = False) -> Future[dict[str, Any]]: ...
 
     def info_json(self) -> dict[str, Any]: ...
+
+    def shutdown(self) -> None: ...  # after the last answer: stop forwarding, flush the dumps
 
 
 class ShuttingDown(Exception):

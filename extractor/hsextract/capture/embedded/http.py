@@ -27,8 +27,7 @@ from types import FrameType
 
 import uvicorn
 
-from hsextract.capture.embedded.asgi import MAX_BODY_BYTES, Drain, build_app
-from hsextract.capture.embedded.engine import Engine
+from hsextract.capture.embedded.asgi import MAX_BODY_BYTES, Drain, ServedEngine, build_app
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +43,15 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class EmbeddedServer:
-    """Serve an :class:`Engine` over HTTP from :meth:`serve_forever` until :meth:`shutdown` or a signal.
+    """Serve an engine (:class:`~hsextract.capture.embedded.engine.Engine`) over HTTP, from
+    :meth:`serve_forever` until :meth:`shutdown` or a signal.
 
     Raises :class:`OSError` when ``host:port`` cannot be bound.
     """
 
     def __init__(
         self,
-        engine: Engine,
+        engine: ServedEngine,
         host: str,
         port: int,
         *,
