@@ -254,3 +254,12 @@ def test_a_server_shut_down_before_it_served_releases_its_port() -> None:
     assert engine.shutdown_at is not None
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+def test_a_port_in_use_fails_at_construction() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(OSError) as failed:
+            EmbeddedServer(HeldEngine(), "127.0.0.1", taken.getsockname()[1])
+    assert failed.value.strerror == "Address already in use"  # what hsextract serve's ConfigError names

@@ -149,4 +149,12 @@ class _Uvicorn(uvicorn.Server):
 def _listen(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (IPv6 when the host is an IPv6 address)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)  # asyncio sets TCP_NODELAY
+    sock = socket.socket(family, socket.SOCK_STREAM)  # asyncio sets TCP_NODELAY on each connection
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart does not wait for TIME_WAIT
+        sock.bind((host, port))  # its OSError's strerror is what hsextract serve reports
+        sock.listen(LISTEN_BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    return sock
