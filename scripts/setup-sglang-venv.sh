@@ -20,7 +20,7 @@ PIP="$VENV/bin/pip"
   || { cat "$VENV/deps-install.log"; exit 1; }
 # hsextract itself, without re-resolving torch
 "$PIP" install -q --no-deps -e extractor
-"$PIP" install -q -c constraints.txt safetensors httpx prometheus-client pyyaml xxhash pytest pytest-timeout \
+"$PIP" install -q -c constraints.txt safetensors httpx prometheus-client pyyaml xxhash uvicorn pytest pytest-timeout \
   >>"$VENV/deps-install.log" 2>&1 || { cat "$VENV/deps-install.log"; exit 1; }
 "$VENV/bin/python" -W ignore -c "
 from sglang.srt.model_executor.hook_manager import register_forward_hooks

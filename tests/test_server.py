@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import http.client
+import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import httpx
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from hsextract.capture.embedded.asgi import MAX_BODY_BYTES
 from hsextract.contract.dumps import read_dump
+from hsextract.contract.generate import GenerateRequest, error_body
 from hsextract.contract.rids import make_rid
+
+from .helpers import free_port
 
 
 def test_health_info_and_generate_shapes(model_dir, start_server) -> None:
@@ -97,3 +107,78 @@ def test_metrics_show_where_the_server_spends_its_time(model_dir, start_server) 
     assert values[("hsextract_server_tokens_total", None)] >= 90  # the health checks forward a token each
     assert values[("hsextract_server_padded_tokens_total", None)] >= values[("hsextract_server_tokens_total", None)]
     assert values[("hsextract_server_dump_bytes_total", None)] == 3 * 30 * (8 + 4 * 64 * 4)  # ids + (K+1) fp32 states
+
+
+def test_keep_alive_and_error_bodies_on_the_real_engine(model_dir, start_server) -> None:
+    server = start_server(model_dir("llama"))
+    port = int(server.url.rsplit(":", 1)[1])
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    ends = set()
+    for row in range(4):
+        rid = make_rid(row, 12)
+        conn.request("POST", "/generate", body=json.dumps(GenerateRequest(rid, list(range(12))).to_json()))
+        response = conn.getresponse()
+        assert response.status == 200 and json.loads(response.read())["meta_info"]["id"] == rid
+        assert (server.dump_dir / rid / "done").exists()
+        assert conn.sock is not None
+        ends.add(conn.sock.getsockname())
+    conn.request("GET", "/nope")
+    missing = conn.getresponse()
+    assert missing.status == 404 and json.loads(missing.read()) == error_body(404, "no route /nope")
+    conn.request("GET", "/generate")
+    wrong = conn.getresponse()
+    assert wrong.status == 405 and json.loads(wrong.read())["error"]["code"] == 405
+    assert len(ends) == 1  # one connection for every request
+    conn.putrequest("POST", "/generate")
+    conn.putheader("Content-Length", str(MAX_BODY_BYTES + 1))
+    conn.endheaders()
+    too_large = conn.getresponse()
+    assert too_large.status == 413 and json.loads(too_large.read())["error"]["code"] == 413
+    conn.close()
+    assert generate(server.url, make_rid(9, 5), list(range(5))).status_code == 200  # still serving
+
+
+def test_serve_stops_on_sigterm_with_every_request_answered_and_the_dumps_flushed(model_dir, tmp_path: Path) -> None:
+    port, dump_dir, log = free_port(), tmp_path / "dumps", tmp_path / "serve.log"
+    args = [sys.executable, "-m", "hsextract", "serve", "--model", str(model_dir("llama")), "--dump-dir", str(dump_dir)]
+    with log.open("wb") as handle:
+        process = subprocess.Popen([*args, "--port", str(port)], stdout=handle, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the server never became healthy"
+            try:
+                if httpx.get(url + "/health_generate", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        # Every request sent, on its own connection, before the signal: open requests, not new connections.
+        rids = [make_rid(row, 1500) for row in range(16)]
+        conns = []
+        for rid in rids:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            conn.request("POST", "/generate", body=json.dumps(GenerateRequest(rid, [i % 1000 for i in range(1500)]).to_json()))
+            conns.append(conn)
+        time.sleep(0.5)  # the server has accepted them all; some are answered, some still open
+        process.send_signal(signal.SIGTERM)
+        answers: dict[str, int] = {}
+        for rid, conn in zip(rids, conns, strict=True):
+            response = conn.getresponse()  # a cut connection raises
+            body = json.loads(response.read())
+            assert response.status == 200 or body["error"]["message"].startswith("server shutting down"), body
+            answers[rid] = response.status
+            conn.close()
+        assert process.wait(timeout=40) == 0, log.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    text = log.read_text()
+    assert "SIGTERM: no new connections" in text and "stopping: finishing the dumps in the queue" in text, text[-3000:]
+    assert set(answers.values()) <= {200, 503}, answers
+    for rid, status in answers.items():
+        if status == 200:
+            assert (dump_dir / rid / "done").exists(), rid
+    assert not list(dump_dir.rglob("*.tmp*")), "a dump was left half written"

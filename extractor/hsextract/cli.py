@@ -67,12 +67,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         info.layer_ids,
         config.dump_dir,
     )
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        log.info("stopping: finishing the dumps in the queue")
+        server.serve_forever()  # returns on SIGTERM/SIGINT once every open request is answered
     finally:
+        log.info("stopping: finishing the dumps in the queue")
         server.shutdown()
     return 0
 

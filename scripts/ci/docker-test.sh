@@ -44,7 +44,8 @@ PIP_PINS=(sglang==0.5.23
     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-extensions==4.16.0
     typing-inspection==0.4.5
     httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 anyio==4.16.0 idna==3.20 certifi==2026.10.19.post1
-    xxhash==4.1.0)
+    xxhash==4.1.0
+    uvicorn==0.54.0 click==8.5.1 starlette==1.10.0)
 # What the stand-in lacks of hsextract's dependencies, on purpose; the image build's requirement
 # check accepts only these missing. Any other dependency hsextract gains must be added to PIP_PINS
 # (when the SGLang image has it) or be dealt with in the Dockerfile, or this test fails.

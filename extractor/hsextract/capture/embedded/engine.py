@@ -37,6 +37,7 @@ from hsextract.capture.stages import StageClock
 from hsextract.config import ServeConfig
 from hsextract.contract.dump_dir import prepare_dump_root
 from hsextract.contract.dumps import DumpSource
+from hsextract.contract.generate import GenerateAnswer
 from hsextract.contract.layers import capture_indices, resolve_aux_layer_ids
 from hsextract.contract.model_fingerprint import model_fingerprint
 from hsextract.contract.server_info import ServerInfo
@@ -406,16 +407,4 @@ class Engine:
 
     @staticmethod
     def _response(request: EngineRequest, tokens: int) -> dict[str, Any]:
-        # The shape of SGLang's /generate answer for max_new_tokens=0.
-        return {
-            "text": "",
-            "output_ids": [],
-            "meta_info": {
-                "id": request.rid,
-                "finish_reason": {"type": "length", "length": 0},
-                "prompt_tokens": tokens,
-                "completion_tokens": 0,
-                "cached_tokens": 0,
-                "e2e_latency": time.monotonic() - request.arrived,
-            },
-        }
+        return GenerateAnswer.for_prefill(request.rid, tokens, request.arrived).to_json()

@@ -1,156 +1,160 @@
-"""HTTP front of the embedded server: the subset of SGLang's API the extractor uses.
+"""HTTP front of the embedded server: the routes of :mod:`~hsextract.capture.embedded.asgi` under uvicorn.
 
-``POST /generate`` ({input_ids, rid, sampling_params: {max_new_tokens: 0}}), ``GET /health`` and
-``/health_generate`` (200 only when a real forward works, 503 otherwise), ``GET /server_info``
-(also ``/get_server_info``), ``GET /get_model_info`` and ``GET /metrics`` (Prometheus: the capture
-stages, :mod:`hsextract.capture.stages`). ``/generate`` also takes ``hsextract_final_prenorm: true``
-to dump that request's pre-norm final state (only the ``speculators`` format needs it). A request is
-answered once its dump is written. Errors answer like SGLang:
-``{"error": {"message": ...}}`` with a 4xx/5xx status.
+The same stack as SGLang's own server (an ASGI app under uvicorn, HTTP/1.1 through h11):
+
+- the socket is bound and listening when :class:`EmbeddedServer` is made, so :attr:`~EmbeddedServer.port`
+  is known at once (port 0 picks a free one) and connections wait in the backlog until
+  :meth:`~EmbeddedServer.serve_forever` runs;
+- keep-alive: an idle connection is closed after :data:`KEEP_ALIVE_S`;
+- request bodies are bounded (:data:`~hsextract.capture.embedded.asgi.MAX_BODY_BYTES`, 413 beyond);
+- graceful shutdown, on SIGTERM/SIGINT (when serving in the main thread) or
+  :meth:`~EmbeddedServer.shutdown`: no new connections, idle ones closed, open requests get
+  ``grace_s`` (:data:`SHUTDOWN_GRACE_S`) to finish and those still open then answer 503 ("server
+  shutting down"); none is cut off. Then :meth:`~EmbeddedServer.shutdown` stops the engine, which
+  flushes its dump writers.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
-import time
-import uuid
-from concurrent.futures import TimeoutError as FutureTimeout
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+import math
+import signal
+import socket
+import threading
+from collections.abc import Generator
+from types import FrameType
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+import uvicorn
 
-from hsextract.capture.embedded.engine import Engine
-from hsextract.contract.server_info import FINAL_PRENORM_KEY
-from hsextract.errors import BadRequestError
+from hsextract.capture.embedded.asgi import MAX_BODY_BYTES, Drain, ServedEngine, build_app
 
 log = logging.getLogger(__name__)
 
-HEALTH_TIMEOUT_S = 20.0
-GENERATE_TIMEOUT_S = 3600.0
+#: seconds an idle keep-alive connection stays open (SGLang's uvicorn setting)
+KEEP_ALIVE_S = 5
+#: seconds open requests get to finish at shutdown before they answer 503; well inside the
+#: systemd unit's TimeoutStopSec (90 s, roles/hsx_server), which also covers flushing the dumps
+SHUTDOWN_GRACE_S = 30.0
+#: seconds past the grace after which uvicorn cancels what still runs (a client that does not read its answer)
+SHUTDOWN_BACKSTOP_S = 10
+LISTEN_BACKLOG = 2048  # an extractor opens --concurrency connections at once
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class EmbeddedServer:
-    """Serve an :class:`Engine` over HTTP until :meth:`shutdown`."""
+    """Serve an engine (:class:`~hsextract.capture.embedded.engine.Engine`) over HTTP, from
+    :meth:`serve_forever` until :meth:`shutdown` or a signal.
 
-    def __init__(self, engine: Engine, host: str, port: int) -> None:
+    Raises :class:`OSError` when ``host:port`` cannot be bound.
+    """
+
+    def __init__(
+        self,
+        engine: ServedEngine,
+        host: str,
+        port: int,
+        *,
+        grace_s: float = SHUTDOWN_GRACE_S,
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ) -> None:
         self.engine = engine
-        handler = type("Handler", (_Handler,), {"engine": engine})
-        self.httpd = _HTTPServer((host, port), handler)
+        self._socket = _listen(host, port)
+        self._drain = Drain(grace_s)
+        config = uvicorn.Config(
+            build_app(engine, self._drain, max_body_bytes),
+            timeout_keep_alive=KEEP_ALIVE_S,
+            timeout_graceful_shutdown=math.ceil(grace_s) + SHUTDOWN_BACKSTOP_S,
+            backlog=LISTEN_BACKLOG,
+            lifespan="off",
+            log_config=None,  # the process's logging stays as the caller set it up
+            access_log=False,
+        )
+        self._uvicorn = _Uvicorn(config, self._drain)
+        self._lock = threading.Lock()
+        self._serving = False
+        self._stopping = False
+        self._engine_stopped = False
+        self._stopped = threading.Event()
 
     @property
     def port(self) -> int:
-        return int(self.httpd.server_address[1])
+        return int(self._socket.getsockname()[1])
 
     def serve_forever(self) -> None:
-        self.httpd.serve_forever(poll_interval=0.2)
+        """Serve until :meth:`shutdown` or, in the main thread, SIGTERM/SIGINT; return once every open
+        request is answered. The engine keeps running: :meth:`shutdown` stops it."""
+        with self._lock:
+            if self._stopping or self._serving:
+                return
+            self._serving = True
+        try:
+            self._uvicorn.run(sockets=[self._socket])
+        finally:
+            self._socket.close()
+            self._stopped.set()
 
     def shutdown(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        """Stop serving (see the module docstring), wait until every open request is answered, stop the engine."""
+        with self._lock:
+            self._stopping = True
+            serving = self._serving
+        self._uvicorn.should_exit = True
+        if serving:
+            self._stopped.wait()
+        else:
+            self._socket.close()
+        with self._lock:
+            if self._engine_stopped:
+                return
+            self._engine_stopped = True
         self.engine.shutdown()
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    allow_reuse_address = True
-    daemon_threads = True
-    request_queue_size = 1024  # an extractor opens --concurrency connections at once
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server, with the drain started at shutdown and signals handled without re-raising them."""
 
+    def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
+        super().__init__(config)
+        self._drain = drain
 
-class _Handler(BaseHTTPRequestHandler):
-    engine: Engine
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body leave as two writes: no 40 ms delayed-ACK stall
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._drain.begin()
+        await super().shutdown(sockets)
 
-    def log_message(self, format: str, *args: Any) -> None:  # route access logs to logging
-        log.debug("%s %s", self.address_string(), format % args)
-
-    def _send(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _error(self, status: int, message: str) -> None:
-        self._send(status, {"error": {"message": message, "code": status}})
-
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path in ("/health", "/health_generate"):
-            self._health()
-        elif path in ("/server_info", "/get_server_info"):
-            self._send(200, self.engine.info_json())
-        elif path == "/metrics":
-            self._metrics()
-        elif path == "/get_model_info":
-            self._send(200, {"model_path": str(self.engine.model_path), "is_generation": True})
-        else:
-            self._error(404, f"no route {path}")
-
-    def do_POST(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path != "/generate":
-            self._error(404, f"no route {path}")
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        # uvicorn raises a caught signal again once it has stopped, which would kill the process
+        # before the engine flushes its dumps; here the caller of serve_forever goes on instead.
+        if threading.current_thread() is not threading.main_thread():
+            yield
             return
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in _STOP_SIGNALS}
         try:
-            length = int(self.headers.get("Content-Length", "0"))
-            body = json.loads(self.rfile.read(length) or b"null")
-            rid, input_ids, final_prenorm = self._parse_generate(body)
-        except (ValueError, BadRequestError) as exc:
-            self._error(400, str(exc))
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.should_exit and signum == signal.SIGINT:
+            log.warning("%s again: stopping now, open requests are cut off", name)
+            self.force_exit = True
             return
-        future = self.engine.submit(rid, input_ids, final_prenorm=final_prenorm)
-        try:
-            self._send(200, future.result(timeout=GENERATE_TIMEOUT_S))
-        except FutureTimeout:
-            self._error(503, f"request {rid} timed out in the embedded server")
-        except Exception as exc:
-            self._error(500, f"forward failed for {rid}: {type(exc).__name__}: {exc}")
+        log.info("%s: no new connections; open requests get %.0f s to finish", name, self._drain.grace_s)
+        self.should_exit = True
 
-    def _parse_generate(self, body: Any) -> tuple[str, list[int], bool]:
-        if not isinstance(body, dict):
-            raise BadRequestError("not_an_object", "request body must be a JSON object")
-        ids = body.get("input_ids")
-        if not isinstance(ids, list) or not ids:
-            raise BadRequestError("no_input_ids", "input_ids must be a non-empty list of token ids (this server takes no text)")
-        if any(type(i) is not int for i in ids):
-            raise BadRequestError("non_integer_ids", "input_ids must hold integers only (one prompt per request)")
-        vocab = self.engine.vocab_size
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise BadRequestError("out_of_vocab", f"input_ids must lie in [0, {vocab}): got {min(ids)}..{max(ids)}")
-        params = body.get("sampling_params") or {}
-        if not isinstance(params, dict) or params.get("max_new_tokens", 0) != 0:
-            raise BadRequestError("decode_requested", "this server only prefills: set sampling_params.max_new_tokens to 0")
-        rid = body.get("rid")
-        if rid is None:
-            rid = uuid.uuid4().hex
-        if not isinstance(rid, str):
-            raise BadRequestError("bad_rid", "rid must be a string")
-        final_prenorm = body.get(FINAL_PRENORM_KEY, False)
-        if not isinstance(final_prenorm, bool):
-            raise BadRequestError("bad_final_prenorm", f"{FINAL_PRENORM_KEY} must be true or false")
-        return rid, ids, final_prenorm
 
-    def _metrics(self) -> None:
-        data = generate_latest(self.engine.clock.registry)
-        self.send_response(200)
-        self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _health(self) -> None:
-        started = time.monotonic()
-        future = self.engine.submit(f"HEALTH_CHECK_{uuid.uuid4().hex}", [0])
-        try:
-            future.result(timeout=HEALTH_TIMEOUT_S)
-        except Exception as exc:
-            self._error(503, f"health forward failed: {type(exc).__name__}: {exc}")
-            return
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-        log.debug("health forward took %.3f s", time.monotonic() - started)
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (IPv6 when the host is an IPv6 address)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)  # asyncio sets TCP_NODELAY on each connection
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart does not wait for TIME_WAIT
+        sock.bind((host, port))  # its OSError's strerror is what hsextract serve reports
+        sock.listen(LISTEN_BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    return sock

@@ -1,0 +1,225 @@
+"""The embedded server's routes as an ASGI app (Starlette): the subset of SGLang's API the extractor uses.
+
+``POST /generate`` (:class:`~hsextract.contract.generate.GenerateRequest`), ``GET /health`` and
+``/health_generate`` (200 only when a real forward works, 503 otherwise), ``GET /server_info``
+(also ``/get_server_info``), ``GET /get_model_info`` and ``GET /metrics`` (Prometheus: the capture
+stages, :mod:`hsextract.capture.stages`). A ``/generate`` is answered once its dump is written.
+Errors answer like SGLang, ``{"error": {"message": ..., "code": status}}``:
+
+- 400 a body that is not a valid request (the message names what is wrong);
+- 404 no such route, 405 a route asked with the wrong method;
+- 413 a body longer than ``max_body_bytes`` (refused from its ``Content-Length`` before it is read;
+  a chunked body as soon as it passes the limit); the connection is then closed;
+- 500 the forward failed; 503 a health forward failed, a request timed out, or the server is
+  shutting down and the request was still open when the grace period ended (:class:`Drain`).
+
+The engine's answers are :class:`concurrent.futures.Future`; the handlers await them with
+:func:`asyncio.wrap_future`, so the event loop never blocks on a forward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from hsextract.capture.stages import StageClock
+from hsextract.contract.generate import (
+    GENERATE_PATH,
+    HEALTH_GENERATE_PATH,
+    HEALTH_PATH,
+    HEALTH_RID_PREFIX,
+    METRICS_PATH,
+    MODEL_INFO_PATH,
+    SERVER_INFO_PATHS,
+    GenerateRequest,
+    error_body,
+)
+from hsextract.errors import BadRequestError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+HEALTH_TIMEOUT_S = 20.0
+GENERATE_TIMEOUT_S = 3600.0
+#: Largest request body accepted. The longest prompt is a JSON list of token ids, at most about
+#: 8 bytes a token (6 digits, comma, space): 64 MiB holds 8 M tokens, 8x a 1 M-token context.
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+class ServedEngine(Protocol):
+    """What the HTTP front needs of :class:`~hsextract.capture.embedded.engine.Engine`."""
+
+    vocab_size: int
+    model_path: Path
+    clock: StageClock  # its registry is what /metrics shows
+
+    def submit(self, rid: str, input_ids: list[int], final_prenorm: bool = False) -> Future[dict[str, Any]]: ...
+
+    def info_json(self) -> dict[str, Any]: ...
+
+    def shutdown(self) -> None: ...  # after the last answer: stop forwarding, flush the dumps
+
+
+class ShuttingDown(Exception):
+    """The grace period of a shutdown ended before the request's answer (internal: becomes a 503)."""
+
+
+class Drain:
+    """Shutdown of the routes: once :meth:`begin` runs, open requests have ``grace_s`` to finish;
+    then every wait still open ends with :class:`ShuttingDown` (a 503 answer)."""
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self.open_requests = 0
+        self._closed: asyncio.Event | None = None  # made in the serving loop
+
+    @property
+    def closed(self) -> asyncio.Event:
+        if self._closed is None:
+            self._closed = asyncio.Event()
+        return self._closed
+
+    def begin(self) -> None:
+        """Start the grace period (call in the serving loop)."""
+        if self.open_requests:
+            log.info("%d request(s) open: up to %.0f s to answer them, then 503", self.open_requests, self.grace_s)
+        asyncio.get_running_loop().call_later(self.grace_s, self.closed.set)
+
+    async def wait(self, future: Future[T], timeout: float) -> T:
+        """The future's result; :class:`TimeoutError` after ``timeout``, :class:`ShuttingDown` at the end of the grace."""
+        answer: asyncio.Future[Any] = asyncio.wrap_future(future)
+        closed: asyncio.Future[Any] = asyncio.ensure_future(self.closed.wait())
+        self.open_requests += 1
+        try:
+            done, _ = await asyncio.wait((answer, closed), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.open_requests -= 1
+            closed.cancel()
+        if answer in done:
+            result: T = answer.result()
+            return result
+        if closed in done:
+            raise ShuttingDown
+        raise TimeoutError
+
+
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message), status_code=status, headers=headers)
+
+
+class _Routes:
+    def __init__(self, engine: ServedEngine, drain: Drain, max_body_bytes: int) -> None:
+        self.engine = engine
+        self.drain = drain
+        self.max_body_bytes = max_body_bytes
+
+    async def generate(self, request: Request) -> Response:
+        try:
+            data = await self._body(request)
+        except _TooLarge as exc:
+            # Connection: close, or the unread rest of the body would be taken for the next request.
+            return _error(413, str(exc), headers={"Connection": "close"})
+        except ClientDisconnect:
+            return Response(status_code=400)  # the client left in the middle of its body: nobody reads this
+        try:
+            parsed = GenerateRequest.parse(json.loads(data or b"null"), self.engine.vocab_size)
+        except (ValueError, BadRequestError) as exc:  # ValueError: not JSON, not UTF-8
+            return _error(400, str(exc))
+        future = self.engine.submit(parsed.rid, parsed.input_ids, final_prenorm=parsed.final_prenorm)
+        try:
+            return JSONResponse(await self.drain.wait(future, GENERATE_TIMEOUT_S))
+        except ShuttingDown:
+            return _error(
+                503,
+                f"server shutting down: request {parsed.rid} was not finished within the {self.drain.grace_s:g} s "
+                "grace period; send it again to a running server",
+            )
+        except TimeoutError:
+            return _error(503, f"request {parsed.rid} timed out in the embedded server")
+        except Exception as exc:
+            return _error(500, f"forward failed for {parsed.rid}: {type(exc).__name__}: {exc}")
+
+    async def _body(self, request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise _TooLarge(int(declared), self.max_body_bytes)
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise _TooLarge(size, self.max_body_bytes)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def health(self, request: Request) -> Response:
+        started = time.monotonic()
+        future = self.engine.submit(f"{HEALTH_RID_PREFIX}{uuid.uuid4().hex}", [0])
+        try:
+            await self.drain.wait(future, HEALTH_TIMEOUT_S)
+        except ShuttingDown:
+            return _error(503, "server shutting down")
+        except Exception as exc:
+            return _error(503, f"health forward failed: {type(exc).__name__}: {exc}")
+        log.debug("health forward took %.3f s", time.monotonic() - started)
+        return Response(status_code=200)
+
+    async def server_info(self, request: Request) -> Response:
+        return JSONResponse(self.engine.info_json())
+
+    async def model_info(self, request: Request) -> Response:
+        return JSONResponse({"model_path": str(self.engine.model_path), "is_generation": True})
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(generate_latest(self.engine.clock.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+class _TooLarge(Exception):
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"request body of {size} bytes is larger than the server's limit of {limit} bytes; "
+            "send one prompt of token ids per request"
+        )
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 405:
+        message = f"method {request.method} not allowed on {request.url.path}"
+    elif exc.status_code == 404:
+        message = f"no route {request.url.path}"
+    else:
+        message = str(exc.detail)
+    return _error(exc.status_code, message, headers=exc.headers)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    return _error(500, f"{request.url.path} failed: {type(exc).__name__}: {exc}")
+
+
+def build_app(engine: ServedEngine, drain: Drain, max_body_bytes: int = MAX_BODY_BYTES) -> Starlette:
+    """The ASGI app serving ``engine``; ``drain`` ends its open requests at shutdown."""
+    routes = _Routes(engine, drain, max_body_bytes)
+    table = [
+        Route(GENERATE_PATH, routes.generate, methods=["POST"]),
+        Route(HEALTH_PATH, routes.health, methods=["GET"]),
+        Route(HEALTH_GENERATE_PATH, routes.health, methods=["GET"]),
+        *(Route(path, routes.server_info, methods=["GET"]) for path in SERVER_INFO_PATHS),
+        Route(MODEL_INFO_PATH, routes.model_info, methods=["GET"]),
+        Route(METRICS_PATH, routes.metrics, methods=["GET"]),
+    ]
+    return Starlette(routes=table, exception_handlers={HTTPException: _http_error, Exception: _server_error})
