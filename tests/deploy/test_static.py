@@ -142,8 +142,8 @@ def test_placeholders_stop_deploy_with_the_variable_named():
         ({}, 114688),
         # speculators also dumps the pre-norm final state: (3 + 1 + 1) layers
         ({"hsx_output_format": "speculators"}, 143360),
-        # K from hsx_layer_ids when set: 5 aux layers + 1 final, float32
-        ({"hsx_layer_ids": [1, 2, 3, 4, 5], "hsx_hidden_dtype": "float32", "hsx_concurrency": 8}, 8 * 4096 * 6 * 7168 * 4 * 2 // 2**20),
+        # K from hsx_layer_ids when set: 8 x 4096 x (5 + 1) x 7168 x 4 bytes (float32) x 2.0
+        ({"hsx_layer_ids": [1, 2, 3, 4, 5], "hsx_hidden_dtype": "float32", "hsx_concurrency": 8}, 10752),
         ({"hsx_concurrency": 4, "hsx_max_seq_len": 1024, "hsx_hidden_size": 128}, 1024),
         ({"hsx_shm_size_mb": 20000}, 20000),
     ],
@@ -301,11 +301,8 @@ def test_a_container_whose_memory_cannot_hold_shm_stops_the_deploy_saying_what_t
 
     def play(role: str, **role_vars: object) -> Path:
         playbook = tmp_path / f"{role}.yml"
-        playbook.write_text(
-            yaml.safe_dump(
-                [{"hosts": "hsx-scratch", "gather_facts": False, "roles": [{"role": str(REPO / "roles" / role), "vars": role_vars}]}]
-            )
-        )
+        entry = {"role": str(REPO / "roles" / role), "vars": role_vars}
+        playbook.write_text(yaml.safe_dump([{"hosts": "hsx-scratch", "gather_facts": False, "roles": [entry]}]))
         return playbook
 
     proxmox = {
