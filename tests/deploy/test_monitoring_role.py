@@ -179,7 +179,7 @@ def test_the_alert_settings_reach_the_installed_rules(scratch: dict[str, Path], 
     check = subprocess.run(argv, cwd=scratch["config"], capture_output=True, text=True, timeout=60)
     assert check.returncode != 0
     cases = [case["name"] for case in yaml.safe_load(ALERT_SETTINGS_TESTS.read_text())["tests"]]
-    assert len(cases) == 6
+    assert len(cases) == 7
     for case in cases:
         assert f"name: {case}," in check.stdout + check.stderr, case
 
@@ -191,6 +191,7 @@ OUT_OF_RANGE = "hsx_monitoring: the alert settings are out of range"
     ("setting", "message"),
     [
         ("hsx_monitoring_alert_stalled_minutes=5", OUT_OF_RANGE),
+        ("hsx_monitoring_alert_stalled_quiet_minutes=-1", OUT_OF_RANGE),
         ("hsx_monitoring_alert_shm_ratio=1.5", OUT_OF_RANGE),
         ("hsx_monitoring_alert_error_ratio=0", OUT_OF_RANGE),
         ("hsx_monitoring_runbook_base_url=''", OUT_OF_RANGE),

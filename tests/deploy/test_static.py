@@ -138,8 +138,12 @@ def test_placeholders_stop_deploy_with_the_variable_named():
 @pytest.mark.parametrize(
     ("settings", "expected_mb"),
     [
-        # Kimi-K2.5: 8 in flight x 4096 tokens x 4 x 7168 x 2 bytes x 2.0 = 3.5 GiB
-        ({}, 3584),
+        # Kimi-K2.5: 256 in flight (hsextract's default) x 4096 tokens x (3 + 1) x 7168 x 2 bytes (bf16) x 2.0 = 112 GiB
+        ({}, 114688),
+        # speculators also dumps the pre-norm final state: (3 + 1 + 1) layers
+        ({"hsx_output_format": "speculators"}, 143360),
+        # K from hsx_layer_ids when set: 8 x 4096 x (5 + 1) x 7168 x 4 bytes (float32) x 2.0
+        ({"hsx_layer_ids": [1, 2, 3, 4, 5], "hsx_hidden_dtype": "float32", "hsx_concurrency": 8}, 10752),
         ({"hsx_concurrency": 4, "hsx_max_seq_len": 1024, "hsx_hidden_size": 128}, 1024),
         ({"hsx_shm_size_mb": 20000}, 20000),
     ],
@@ -277,6 +281,54 @@ def test_proxmox_role_on_a_scratch_config_dir(tmp_path: Path):
     assert result.rc == 0, result.output
     assert result.recap()["hsx-scratch"]["changed"] == 0
     assert not pct_log.exists()
+
+
+def test_a_container_whose_memory_cannot_hold_shm_stops_the_deploy_saying_what_to_lower(tmp_path: Path):
+    """Both roles that size /dev/shm refuse a size the container's memory cannot hold (tmpfs lives in memory): the
+    Proxmox side from the config's memory: before it writes anything, the container side from inside."""
+    python = str(ANSIBLE_BIN / "python")
+    conf_dir = tmp_path / "pve-lxc"
+    conf_dir.mkdir()
+    small = PVE_CONF.replace("memory: 1048576", "memory: 4096")
+    (conf_dir / "101.conf").write_text(small)
+    pct_log = tmp_path / "pct.log"
+    pct = tmp_path / "pct"
+    pct.write_text(f'#!/bin/sh\necho "$*" >> {pct_log}\nexit 0\n')
+    pct.chmod(0o755)
+    inventory = tmp_path / "hosts.yml"
+    local = {"ansible_connection": "local", "ansible_python_interpreter": python}
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"pve-scratch": local, "hsx-scratch": local}}}))
+
+    def play(role: str, **role_vars: object) -> Path:
+        playbook = tmp_path / f"{role}.yml"
+        entry = {"role": str(REPO / "roles" / role), "vars": role_vars}
+        playbook.write_text(yaml.safe_dump([{"hosts": "hsx-scratch", "gather_facts": False, "roles": [entry]}]))
+        return playbook
+
+    proxmox = {
+        "hsx_proxmox_lxc_host": "pve-scratch", "hsx_proxmox_lxc_vmid": 101, "hsx_proxmox_lxc_config_dir": str(conf_dir),
+        "hsx_proxmox_lxc_gpu_count": 0, "hsx_proxmox_lxc_pct": str(pct),
+    }  # fmt: skip
+    # 4096 MiB of memory: 3072 MiB of /dev/shm + 2048 MiB kept free do not fit, 2048 + 2048 do
+    result = run_playbook(str(play("hsx_proxmox_lxc", **proxmox, hsx_proxmox_lxc_shm_size_mb=3072)), inventory)
+    assert result.rc != 0
+    for words in ("memory: 4096 MiB", "3072 MiB of /dev/shm", "Lower hsx_concurrency or hsx_max_seq_len", "pct set 101 --memory"):
+        assert words in result.flat, words
+    assert (conf_dir / "101.conf").read_text() == small and not pct_log.exists()
+    result = run_playbook(str(play("hsx_proxmox_lxc", **proxmox, hsx_proxmox_lxc_shm_size_mb=2048)), inventory, "--check")
+    assert result.rc == 0, result.output
+
+    # inside the container (here: this machine), its preflight only
+    meminfo = Path("/proc/meminfo").read_text()
+    memory_mb = int(re.search(r"MemTotal:\s+(\d+)", meminfo).group(1)) // 1024  # type: ignore[union-attr]
+    env = play("hsx_container_env", hsx_container_env_ml_env=str(tmp_path / "ml-env"))
+    args = ("--tags", "hsx_container_env_preflight", "-e")
+    result = run_playbook(str(env), inventory, *args, f"hsx_container_env_shm_size_mb={memory_mb}")
+    assert result.rc != 0
+    for words in (f"{memory_mb} MiB of /dev/shm", "Lower hsx_concurrency or hsx_max_seq_len", "more memory"):
+        assert words in result.flat, words
+    result = run_playbook(str(env), inventory, *args, "hsx_container_env_shm_size_mb=64")
+    assert result.rc == 0, result.output
 
 
 def test_disable_custom_all_reduce_from_the_inventory_to_the_sglang_command(tmp_path: Path):

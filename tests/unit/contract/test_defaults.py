@@ -27,6 +27,19 @@ def test_configs_use_the_shared_defaults() -> None:
     assert SGLangLaunchConfig.model_fields["dump_dir"].default == defaults.DUMP_DIR
 
 
+def test_extract_settings_the_deployment_repeats_agree() -> None:
+    """hsextract's ExtractConfig holds these defaults; the extractor role and inventory/example repeat them, and the
+    /dev/shm budget (playbooks/vars/deploy.yml) is sized from the inventory's hsx_concurrency and hsx_max_seq_len."""
+    extractor = role_defaults("hsx_extractor")
+    example = yaml.safe_load((ROLES.parent / "inventory" / "example" / "group_vars" / "all.yml").read_text())
+    fields = ExtractConfig.model_fields
+    assert extractor["hsx_extractor_concurrency"] == example["hsx_concurrency"] == fields["concurrency"].default == 256
+    assert extractor["hsx_extractor_max_seq_len"] == example["hsx_max_seq_len"] == fields["max_seq_len"].default
+    assert extractor["hsx_extractor_answer_grace_s"] == fields["answer_grace_s"].default
+    assert extractor["hsx_extractor_stall_timeout_s"] == fields["stall_timeout_s"].default
+    assert extractor["hsx_extractor_format"] == example["hsx_output_format"] == fields["format"].default
+
+
 def test_ansible_defaults_agree() -> None:
     server, extractor = role_defaults("hsx_server"), role_defaults("hsx_extractor")
     assert server["hsx_server_port"] == defaults.SERVER_PORT
