@@ -38,7 +38,9 @@ class RunningServer:
         self.server.shutdown()
 
 
-def run_extraction(server_url: str, dataset: Path, output: Path, **overrides: object) -> RunSummary:
+def run_extraction(
+    server_url: str, dataset: Path, output: Path, metrics: ExtractMetrics | None = None, **overrides: object
+) -> RunSummary:
     settings: dict[str, object] = {"health_timeout_s": 30, **overrides}
     config = ExtractConfig(server=server_url, dataset=dataset, output=output, **settings)  # type: ignore[arg-type]
-    return Extraction(config, metrics=ExtractMetrics()).run()
+    return Extraction(config, metrics=metrics or ExtractMetrics()).run()
