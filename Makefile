@@ -76,8 +76,13 @@ bench-gpu:  ## on a GPU host: the SGLang hook's forward-thread hold time and dum
 	PYTHONPATH=extractor $(or $(GPU_PYTHON),python3) bench/bench_hook_gpu.py --out bench/results-gpu.json
 
 # BENCH_ARGS e.g. "--disk-dir /data/scratch --tmpfs-dir /dev/shm" (about 60 GB free on each; it checks first)
-bench-gpu-e2e:  ## on a GPU host: serve + extract of an 8B-shaped model against its own forward; writes bench/results-gpu-e2e.json
+# SOAK=1: the soak mode instead (issue 16): back-to-back runs per --max-batch-tokens, stalls counted; bench/results-gpu-soak.json
+bench-gpu-e2e:  ## on a GPU host: serve + extract of an 8B-shaped model against its own forward (SOAK=1: back-to-back runs, stalls counted)
+ifeq ($(SOAK),)
 	PYTHONPATH=extractor $(or $(GPU_PYTHON),python3) bench/bench_gpu_e2e.py --out bench/results-gpu-e2e.json $(BENCH_ARGS)
+else
+	PYTHONPATH=extractor:bench $(or $(GPU_PYTHON),python3) bench/bench_gpu_soak.py --out bench/results-gpu-soak.json $(BENCH_ARGS)
+endif
 
 clean:  ## remove the venvs and the default run's files
 	rm -rf $(VENV) .venv-sglang .venv-trainers .venv-ansible $(WORK)
