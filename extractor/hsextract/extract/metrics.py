@@ -45,8 +45,9 @@ class ExtractMetrics:
         )
         self.stage_seconds = Histogram(
             "hsextract_stage_seconds",
-            "Seconds per sample in each extractor stage: request (until the server answered), wait_dump "
-            "(until its dump was complete), verify (read and check it), pack (write the output file)",
+            "Seconds per sample in each extractor stage: request (until the server answered or the dump was complete), "
+            "wait_dump (after the answer, until its dump was complete; 0 when the dump came first), verify (read and "
+            "check it), pack (write the output file)",
             ["stage"],
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
             registry=r,

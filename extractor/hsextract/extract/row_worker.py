@@ -157,6 +157,7 @@ class RowWorker:
                     raise _Resend
                 state = dump_state(directory)
                 if state is DumpState.DONE:
+                    self.metrics.stage_seconds.labels("wait_dump").observe(0.0)  # the dump came first
                     return self._take_dump(directory)
                 if state is DumpState.ERROR:
                     raise self._server_dump_error(directory)
