@@ -3,7 +3,8 @@
 # (tests/sglang_contract) and the live server suite (tests/sglang_live), which starts the real server.
 # sglang goes in with --no-deps (its full set is GPU-only) plus the packages its modules import and its
 # HTTP server and scheduler need (fastapi, uvicorn, uvloop, python-multipart, setproctitle, jsonschema,
-# xgrammar, soundfile: the set a server start on the CPU engine imports); torch 2.14.1 and torchvision
+# xgrammar, soundfile: the set a server start on the CPU engine imports), and datasets + pyarrow for
+# hsextract's own CLI (the live suite runs `hsextract extract` from here too); torch 2.14.1 and torchvision
 # 0.29.1 are what it pins (the CUDA build imports and runs on a CPU). sgl-kernel has no CPU build: the
 # live suite brings a stand-in (tests/sglang_live/stub).
 set -euo pipefail
@@ -21,7 +22,8 @@ PIP="$VENV/bin/pip"
   numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic pyzmq tqdm \
   ipython aiohttp dill einops gguf partial-json-parser transformers tokenizers apache-tvm-ffi \
   sentencepiece compressed-tensors openai \
-  fastapi uvicorn uvloop python-multipart setproctitle jsonschema xgrammar soundfile >"$VENV/deps-install.log" 2>&1 \
+  fastapi uvicorn uvloop python-multipart setproctitle jsonschema xgrammar soundfile \
+  datasets pyarrow >"$VENV/deps-install.log" 2>&1 \
   || { cat "$VENV/deps-install.log"; exit 1; }
 # hsextract itself, without re-resolving torch
 "$PIP" install -q --no-deps -e extractor
