@@ -31,9 +31,9 @@ $(VENV)/.setup-done: extractor/pyproject.toml constraints.txt requirements-dev.t
 	$(BIN)/hsextract --version
 	touch $@
 
-setup-sglang: .venv-sglang/.setup-done  ## .venv-sglang: the real sglang 0.5.23 for contract tests (CPU)
+setup-sglang: .venv-sglang/.setup-done  ## .venv-sglang: the real sglang 0.5.23 for the contract tests and the live server suite (CPU)
 
-.venv-sglang/.setup-done: scripts/setup-sglang-venv.sh constraints-sglang.txt constraints.txt
+.venv-sglang/.setup-done: scripts/setup-sglang-venv.sh constraints-sglang.txt constraints.txt extractor/pyproject.toml
 	PYTHON=$(PYTHON) scripts/setup-sglang-venv.sh .venv-sglang
 	touch $@
 
@@ -50,9 +50,10 @@ else
 	WORK=$(WORK) scripts/run-default.sh
 endif
 
-test: setup setup-sglang setup-trainers setup-ansible monitoring-deps  ## everything: package and monitoring tests, SGLang contract, the trainers' own loaders, LXC deployment, Docker image
-	$(BIN)/python -m pytest $(PYTEST_ARGS) --ignore=tests/sglang_contract --ignore=tests/trainers --ignore=tests/deploy tests
+test: setup setup-sglang setup-trainers setup-ansible monitoring-deps  ## everything: package and monitoring tests, SGLang contract, the live SGLang server on the CPU, the trainers' own loaders, LXC deployment, Docker image
+	$(BIN)/python -m pytest $(PYTEST_ARGS) --ignore=tests/sglang_contract --ignore=tests/sglang_live --ignore=tests/trainers --ignore=tests/deploy tests
 	.venv-sglang/bin/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider tests/sglang_contract
+	.venv-sglang/bin/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider tests/sglang_live
 	.venv-trainers/bin/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider tests/trainers
 	$(MAKE) test-deploy
 	$(MAKE) test-docker

@@ -1,0 +1,177 @@
+"""The real SGLang server under operations: the launcher's flags and refusals, a few hundred rows at
+high concurrency, a full dump tmpfs, a SIGKILL mid-run with a restart and a resume.
+
+These run on the family the value tests started last (qwen2), so no further server start is needed;
+the SIGKILL test restarts it through the same launcher config. The last test checks that the stand-in
+sgl_kernel was loaded and never called.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from .helpers import CHUNK, CPU_ARGS, DEFAULT_AUX, HSEXTRACT, LiveServer, data_config, errors, extract, write_dataset
+
+FAMILY = "qwen2"
+
+
+@pytest.fixture(scope="module")
+def server(live) -> LiveServer:  # type: ignore[no-untyped-def]
+    started: LiveServer = live(FAMILY)
+    return started
+
+
+def _launch(config: dict[str, object], path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    path.write_text(yaml.safe_dump(config))
+    return subprocess.run([HSEXTRACT, "launch-sglang", "--config", str(path), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_the_flags_the_launcher_renders_are_in_force_on_the_live_server(server: LiveServer, tmp_path: Path) -> None:
+    dry = _launch(server.config, tmp_path / "same.yaml", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    argv = shlex.split(dry.stdout.strip().splitlines()[-1])
+    hooks = json.loads(argv[argv.index("--forward-hooks") + 1])
+    info = server.server_info()
+    expected = {
+        "model_path": server.config["model_path"],
+        "disable_radix_cache": True,
+        "chunked_prefill_size": CHUNK,
+        "disable_prefill_cuda_graph": True,
+        "enable_return_aux_hidden_states": True,
+        "aux_hidden_state_capture": "eagle3",
+        "return_aux_hidden_state_layer_ids": DEFAULT_AUX,
+        "forward_hooks": hooks,
+        "enable_metrics": True,
+        "trust_remote_code": True,
+        "disable_custom_all_reduce": False,
+        # the CPU flags, passed through extra_args
+        "device": "cpu",
+        "attention_backend": "torch_native",
+        "skip_tokenizer_init": True,
+        "max_total_tokens": 16384,
+        "dtype": "float32",
+    }
+    assert {key: info.get(key) for key in expected} == expected
+    assert [h["name"] for h in hooks] == ["hsextract_dump", "hsextract_prenorm"] and hooks[0]["config"]["final_prenorm"]
+    assert all(arg in argv for arg in CPU_ARGS)
+    metrics = httpx.get(f"{server.url}/metrics", timeout=30)
+    assert metrics.status_code == 200 and "sglang:" in metrics.text
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"disable_radix_cache": False}, "disable_radix_cache is false"),
+        ({"extra_args": ["--speculative-draft-model-path", "/models/draft"]}, "a draft model changes"),
+        ({"extra_args": ["--chunked-prefill-size", "128"]}, "use the config key chunked_prefill_size"),
+        ({"extra_args": ["--enable-hierarchical-cache"]}, "prefix cache"),
+        ({"extra_args": ["--pp-size", "2"]}, "pipeline parallel size 1"),
+        ({"python": "python3"}, "not an absolute path"),
+        ({"chunked_prefill_size": 0}, "must be -1 (off) or positive"),
+        ({}, "is in use"),  # the live server's own port: a second start is refused before anything runs
+    ],
+)
+def test_the_launcher_refuses_before_anything_starts(
+    server: LiveServer, tmp_path: Path, change: dict[str, object], message: str
+) -> None:
+    result = _launch({**server.config, **change}, tmp_path / "refused.yaml")
+    assert result.returncode != 0 and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert httpx.get(f"{server.url}/health_generate", timeout=60).status_code == 200  # the live one is untouched
+
+
+def test_hundreds_of_rows_at_high_concurrency_without_a_stall(server: LiveServer, tmp_path: Path) -> None:
+    lengths = [4 + (i * 37) % 90 for i in range(300)]
+    dataset = write_dataset(tmp_path / "many.jsonl", lengths, seed=21)
+    started = time.monotonic()
+    result = extract(server, dataset, tmp_path / "out", "--concurrency", "128", "--stall-timeout-s", "60", timeout=400)
+    took = time.monotonic() - started
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    config = data_config(tmp_path / "out")
+    assert config["status"] == "complete" and config["total_samples"] == 300 and config["total_tokens"] == sum(lengths)
+    assert errors(tmp_path / "out") == []
+    print(f"\n300 rows ({sum(lengths)} tokens) at concurrency 128 in {took:.1f} s")
+
+
+def _dumps_left(dump_dir: Path) -> list[str]:
+    return sorted(p.name for p in dump_dir.iterdir() if p.name.startswith("hsx-")) if dump_dir.exists() else []
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs: needs root")
+def test_a_full_dump_tmpfs_holds_the_extractor_back_and_loses_nothing(server: LiveServer, tmp_path: Path) -> None:
+    """A 1 MiB tmpfs over the live server's dump root holds about 4 of these dumps, 8 are in flight."""
+    assert _dumps_left(server.dump_dir) == [], "dumps left by an earlier test"
+    lengths = [150 + (i * 13) % 60 for i in range(24)]  # each dump ~1.3 KB/token: about 250 KB
+    dataset = write_dataset(tmp_path / "data.jsonl", lengths, seed=31)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(server.dump_dir)], check=True)
+    try:
+        result = extract(server, dataset, tmp_path / "out", "--format", "speculators", "--concurrency", "8", timeout=400)
+        left = _dumps_left(server.dump_dir)
+    finally:
+        subprocess.run(["umount", str(server.dump_dir)], check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    config = data_config(tmp_path / "out")
+    assert config["status"] == "complete" and config["total_samples"] == len(lengths), config
+    assert config["total_tokens"] == sum(lengths) and errors(tmp_path / "out") == []
+    assert left == [], f"dumps left on the tmpfs after the run: {left}"
+
+
+def test_sigkill_of_the_server_mid_run_then_restart_and_resume_gives_the_clean_output(server: LiveServer, tmp_path: Path) -> None:
+    lengths = [60 + (i * 29) % 140 for i in range(12)]
+    dataset = write_dataset(tmp_path / "data.jsonl", lengths, seed=41)
+    args = ("--format", "speculators", "--concurrency", "1")
+    clean = extract(server, dataset, tmp_path / "clean", *args)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+
+    out = tmp_path / "killed"
+    argv = [HSEXTRACT, "extract", "--server", server.url, "--dataset", str(dataset), "--output", str(out),
+            "--dump-dir", str(server.dump_dir), "--health-timeout-s", "300", *args]  # fmt: skip
+    log = tmp_path / "interrupted.log"
+    with open(log, "wb") as handle:
+        interrupted = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list((out / "hidden_states").glob("hs_*.safetensors"))) < 4:
+            assert interrupted.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the run wrote fewer than 4 samples in 120 s"
+            time.sleep(0.05)
+        server.kill(signal.SIGKILL)  # the server and its scheduler, mid-run
+        written_at_kill = len(list((out / "hidden_states").glob("hs_*.safetensors")))
+        server.start()  # through the launcher, same config
+        try:
+            interrupted.wait(timeout=300)  # it waits for the server and goes on, or gives up: both are fine
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the extractor neither finished nor stopped 300 s after the restart:\n{log.read_text()[-3000:]}")
+    finally:
+        if interrupted.poll() is None:
+            interrupted.kill()
+            interrupted.wait()
+    assert written_at_kill < len(lengths), "the run was over before the kill"
+    resumed = extract(server, dataset, out, *args)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    config, reference = data_config(out), data_config(tmp_path / "clean")
+    for key in ("status", "total_samples", "total_tokens", "layer_ids", "failed_samples", "hidden_size"):
+        assert config[key] == reference[key], key
+    assert errors(out) == []
+    for row in range(len(lengths)):
+        name = f"hidden_states/hs_{row}.safetensors"
+        assert (out / name).read_bytes() == (tmp_path / "clean" / name).read_bytes(), f"row {row} differs from the clean run"
+    print(f"\nSIGKILL after {written_at_kill} of {len(lengths)} rows; restart ready in {server.start_seconds[-1]:.0f} s")
+
+
+def test_the_stand_in_sgl_kernel_was_loaded_and_never_called(server: LiveServer) -> None:
+    events = server.stub_log.read_text().splitlines() if server.stub_log.exists() else []
+    assert any(line.endswith(" import") for line in events), "the server did not load the stand-in sgl_kernel"
+    calls = [line for line in events if " call " in line]
+    assert calls == [], f"SGLang called the stand-in sgl_kernel: {calls}"
