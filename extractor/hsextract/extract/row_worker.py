@@ -109,6 +109,8 @@ class RowWorker:
                     raise
                 if self.stop.is_set():
                     return  # cancelled because the run stops: not a failure
+                if entry.pending is not None and not entry.pending.done():
+                    entry.pending.cancel()  # the next attempt reuses the rid: the server must not see two at once
                 self._count_failure(exc)
                 last_error = exc
             else:
