@@ -71,7 +71,8 @@ class RowWorker:
         self.final_prenorm = final_prenorm
         self.stop: threading.Event = ledger.stop
         self._lock = threading.Lock()
-        self._lingering: dict[PendingAnswer, OpenRequest] = {}  # rows written before their answer came
+        # rows written before their answer came: the row and when its grace ends (time.monotonic)
+        self._lingering: dict[PendingAnswer, tuple[OpenRequest, float]] = {}
 
     def process(self, sample: Sample, row_hash: str) -> None:
         rid = make_rid(sample.row, len(sample.input_ids), self.config.rid_prefix)
@@ -215,22 +216,25 @@ class RowWorker:
 
     def _leave_answer(self, pending: PendingAnswer, entry: OpenRequest) -> None:
         """The row is written from its dump; its answer gets ``answer_grace_s`` more, then is counted late."""
+        grace = self.config.answer_grace_s
         with self._lock:
-            self._lingering[pending] = entry
-        self.client.later(self.config.answer_grace_s, functools.partial(self._settle_answer, pending))
+            self._lingering[pending] = (entry, time.monotonic() + grace)
+        self.client.later(grace, functools.partial(self._settle_answer, pending))
 
     def _settle_answer(self, pending: PendingAnswer) -> None:
         with self._lock:
-            entry = self._lingering.pop(pending, None)
-        if entry is not None and not pending.done():
+            lingering = self._lingering.pop(pending, None)
+        if lingering is not None and not pending.done():
+            entry, _ = lingering
             self.ledger.answer_late(entry.row, entry.rid, self.config.answer_grace_s)
             pending.cancel()
 
     def abandon_answers(self) -> None:
-        """The run ends: answers still awaited are counted late now and cancelled."""
+        """The run ends: answers still awaited get the rest of their grace, then count late and are cancelled."""
         with self._lock:
-            lingering = list(self._lingering)
-        for pending in lingering:
+            lingering = list(self._lingering.items())
+        for pending, (_, grace_ends) in lingering:
+            pending.wait(max(0.0, grace_ends - time.monotonic()))
             self._settle_answer(pending)
 
     def _write_sample(self, sample: Sample, dump: Dump) -> WrittenFile:

@@ -1,0 +1,140 @@
+"""RowWorker alone, against a real HTTP peer that writes real dump files the way a server does.
+
+The peer writes each request's dump (``contract.dumps.write_dump``) and then answers, answers late,
+never answers, or fails with HTTP 500: the worker must settle each row from its dump whatever the
+answer does, and retry a row whose answer came without a dump.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import torch
+
+from hsextract.config import ExtractConfig
+from hsextract.contract.dumps import DumpSource, write_dump
+from hsextract.contract.generate import GenerateAnswer, GenerateRequest
+from hsextract.contract.states import ErrorReason
+from hsextract.extract.client import ServerClient
+from hsextract.extract.dataset import Sample
+from hsextract.extract.dump_checks import DumpExpectation
+from hsextract.extract.formats import open_format
+from hsextract.extract.ledger import Ledger
+from hsextract.extract.manifest import Manifest
+from hsextract.extract.metrics import ExtractMetrics
+from hsextract.extract.open_requests import OpenRequests
+from hsextract.extract.row_worker import RowWorker
+
+AUX, HIDDEN = [1, 3, 4], 8
+SOURCE = DumpSource("test-peer", "0", "/models/peer", AUX, [a + 1 for a in AUX], final_layer_id=7)
+
+# what the peer does for a request: (write its dump?, seconds before answering or None: never, HTTP status)
+Behaviour = tuple[bool, float | None, int]
+
+
+class _Peer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, dump_dir: Path, behave: Callable[[str, int], Behaviour]) -> None:
+        self.dump_dir = dump_dir
+        self.behave = behave
+        self.calls: dict[str, int] = {}
+        self.release = threading.Event()
+        super().__init__(("127.0.0.1", 0), _Handler)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    server: _Peer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        request = GenerateRequest.parse(json.loads(self.rfile.read(int(self.headers["Content-Length"]))), 1000)
+        calls = self.server.calls[request.rid] = self.server.calls.get(request.rid, 0) + 1
+        dump, delay, status = self.server.behave(request.rid, calls)
+        if dump:
+            n = len(request.input_ids)
+            torch.manual_seed(n)
+            ids = torch.tensor(request.input_ids)
+            write_dump(self.server.dump_dir, request.rid, ids, torch.randn(n, len(AUX), HIDDEN), torch.randn(n, HIDDEN), SOURCE)
+        if delay is None:
+            self.server.release.wait()
+            return
+        self.server.release.wait(delay)
+        body = json.dumps(GenerateAnswer(request.rid, len(request.input_ids)).to_json()).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def run_row(tmp_path: Path) -> Iterator[Callable[..., tuple[Ledger, _Peer, float]]]:
+    peers: list[_Peer] = []
+    clients: list[ServerClient] = []
+
+    def run(behave: Callable[[str, int], Behaviour], **settings: object) -> tuple[Ledger, _Peer, float]:
+        dump_dir = tmp_path / "dumps"
+        dump_dir.mkdir(mode=0o700, exist_ok=True)
+        peer = _Peer(dump_dir, behave)
+        peers.append(peer)
+        threading.Thread(target=peer.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{peer.server_address[1]}"
+        cfg = ExtractConfig(server=url, dataset=tmp_path / "d.jsonl", output=tmp_path / "out", **settings)  # type: ignore[arg-type]
+        client = ServerClient(url, request_timeout_s=600)
+        clients.append(client)
+        metrics = ExtractMetrics()
+        ledger = Ledger(
+            Manifest(tmp_path), metrics, tmp_path, threading.Event(), max_attempts=cfg.max_attempts,
+            max_consecutive_failures=9, server_url=url,
+        )  # fmt: skip
+        expect = DumpExpectation(AUX, [a + 1 for a in AUX], HIDDEN, "float32", False)
+        worker = RowWorker(
+            cfg, client, ledger, metrics, open_format("specforge", tmp_path / "out"), dump_dir, lambda dump: expect,
+            OpenRequests(), final_prenorm=False,
+        )  # fmt: skip
+        started = time.monotonic()
+        worker.process(Sample(row=3, input_ids=list(range(1, 11)), loss_mask=[1] * 10, original_length=10), "hash")
+        took = time.monotonic() - started
+        worker.abandon_answers()
+        return ledger, peer, took
+
+    yield run
+    for peer in peers:
+        peer.release.set()
+        peer.shutdown()
+    for client in clients:
+        client.close()
+
+
+def test_a_dump_without_its_answer_settles_the_row_and_counts_the_answer_late(run_row) -> None:
+    ledger, peer, took = run_row(lambda rid, call: (True, None, 200), answer_grace_s=0.2)
+    assert set(ledger.manifest.written) == {3} and took < 5
+    time.sleep(0.5)  # the grace runs out on the timer thread
+    assert ledger.late_answers == 1 and peer.calls == {"hsx-000000003-n10": 1}
+
+
+def test_an_answer_soon_after_the_dump_is_not_late(run_row) -> None:
+    ledger, _, _ = run_row(lambda rid, call: (True, 0.05, 200), answer_grace_s=2.0)
+    assert set(ledger.manifest.written) == {3} and ledger.late_answers == 0
+
+
+def test_a_failed_request_whose_dump_is_complete_still_settles_the_row(run_row) -> None:
+    ledger, peer, _ = run_row(lambda rid, call: (True, 0.0, 500))
+    assert set(ledger.manifest.written) == {3} and peer.calls == {"hsx-000000003-n10": 1}
+
+
+def test_an_answer_without_a_dump_waits_dump_timeout_then_retries(run_row) -> None:
+    ledger, peer, _ = run_row(lambda rid, call: (call > 1, 0.0, 200), dump_timeout_s=0.3, max_attempts=2)
+    assert set(ledger.manifest.written) == {3} and peer.calls == {"hsx-000000003-n10": 2}
+    assert ledger.metrics.registry.get_sample_value("hsextract_errors_total", {"reason": ErrorReason.DUMP_TIMEOUT.value}) == 1
