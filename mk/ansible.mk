@@ -44,6 +44,6 @@ lint-ansible: setup-ansible  ## ansible-lint (production profile) and syntax che
 	for p in deploy.yml playbooks/restart.yml playbooks/extract.yml playbooks/status.yml playbooks/takeover.yml; do \
 	  ANSIBLE_CONFIG=ansible.cfg $(ANSIBLE_BIN)/ansible-playbook --syntax-check $$p >/dev/null; done
 
-test-deploy: setup-ansible monitoring-deps  ## deployment tests: lint, roles, and deploy.yml against a real LXC container
+test-deploy: setup-ansible setup-sglang monitoring-deps  ## deployment tests: lint, roles, and deploy.yml against a real LXC container (embedded runtime and the real SGLang server)
 	scripts/lxc/install-host-deps.sh
 	$(ANSIBLE_BIN)/python -m pytest --confcutdir=tests/deploy -p no:cacheprovider $(DEPLOY_PYTEST_ARGS) tests/deploy

@@ -10,7 +10,9 @@
 # Environment: HSX_LXC_NAME (container name), HSX_LXC_DIR (its state directory, removed by down),
 # HSX_LXC_NET (first three octets of its /30, e.g. 10.197.77), HSX_LXC_SHM (the container's
 # /dev/shm size, as Proxmox sets it), HSX_LXC_VMID (the VMID the pct stand-in answers to, default 101),
-# HSX_CI_CACHE (cache for rootfs and wheels).
+# HSX_CI_CACHE (cache for rootfs and wheels), HSX_LXC_BIND_RO (space-separated SRC[:DST] host paths bind-mounted
+# read-only into the container, at DST or else at the same path, as a Proxmox host mounts shared storage),
+# HSX_LXC_MEMORY (the container's memory limit, e.g. 6G, as Proxmox's `memory:` sets it; default none).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 NAME=${HSX_LXC_NAME:-hsx-deploy-test}
@@ -18,6 +20,8 @@ DIR=${HSX_LXC_DIR:-/var/tmp/$NAME}
 NET=${HSX_LXC_NET:-10.197.77}
 SHM=${HSX_LXC_SHM:-64m}
 VMID=${HSX_LXC_VMID:-101}
+BIND_RO=${HSX_LXC_BIND_RO:-}
+MEMORY=${HSX_LXC_MEMORY:-}
 CACHE=${HSX_CI_CACHE:-/var/cache/hsextract-ci}
 MIRROR=${HSX_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 TORCH_SPEC=${HSX_TORCH_SPEC:-torch==2.13.0}
@@ -123,6 +127,20 @@ lxc.net.0.script.up = $DIR/net-up
 lxc.mount.entry = tmpfs dev/shm tmpfs rw,nosuid,nodev,size=$SHM,create=dir 0 0
 lxc.mount.entry = $WHEELHOUSE srv/wheelhouse none bind,ro,create=dir 0 0
 CONF
+  local entry src dst
+  for entry in $BIND_RO; do
+    src=${entry%%:*}
+    dst=${entry#*:}
+    [[ -d $src ]] || { log "HSX_LXC_BIND_RO: $src is not a directory"; false; }
+    echo "lxc.mount.entry = $src ${dst#/} none bind,ro,create=dir 0 0" >>"$DIR/config"
+  done
+  if [[ -n $MEMORY ]]; then
+    if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
+      echo "lxc.cgroup2.memory.max = $MEMORY" >>"$DIR/config"
+    else
+      echo "lxc.cgroup.memory.limit_in_bytes = $MEMORY" >>"$DIR/config"
+    fi
+  fi
   mkdir -p "$DIR/lxc/$NAME"
   mv "$DIR/config" "$DIR/lxc/$NAME/config"
   log "starting container $NAME ($GUEST_IP)"

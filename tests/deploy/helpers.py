@@ -73,10 +73,11 @@ def run_playbook(playbook: str, inventory: Path | None, *args: str, timeout: int
     return _run(argv, ansible_env(), timeout)
 
 
-def run_make(target: str, inventory: Path, timeout: int = 1800) -> PlaybookResult:
-    """``make <target> INVENTORY=...`` as an operator types it, with this session's Ansible venv."""
+def run_make(target: str, inventory: Path, *args: str, timeout: int = 1800) -> PlaybookResult:
+    """``make <target> INVENTORY=...`` as an operator types it, with this session's Ansible venv; `args` go to make
+    before the target (options, VARIABLE=value)."""
     env = {k: v for k, v in ansible_env().items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-    argv = ["make", "--no-print-directory", target, f"INVENTORY={inventory}", f"ANSIBLE_VENV={ANSIBLE_BIN.parent}"]
+    argv = ["make", "--no-print-directory", *args, target, f"INVENTORY={inventory}", f"ANSIBLE_VENV={ANSIBLE_BIN.parent}"]
     return _run(argv, env, timeout)
 
 
