@@ -14,12 +14,12 @@ from hsextract.contract.atomic import atomic_write_bytes
 from hsextract.contract.layers import capture_indices, recorded_layer_ids
 from hsextract.contract.states import ErrorKind, RunStatus
 from hsextract.errors import OutputError
-from hsextract.extract.serving_hints import SGLangServing, trainer_settings
+from hsextract.extract.serving_hints import SGLangServing
 
 if TYPE_CHECKING:
     from hsextract.config import ExtractConfig
     from hsextract.contract.server_info import ServerInfo
-    from hsextract.extract.formats import OutputFormat
+    from hsextract.extract.formats.base import OutputFormat
     from hsextract.extract.identity import OutputIdentity
     from hsextract.extract.manifest import Manifest
 
@@ -121,7 +121,7 @@ def build_data_config(
             "family": None if serving.family is None else serving.family.value,
         },
         "serving": serving.to_json(),
-        "trainer": trainer_settings(fmt.name, serving, longest),
+        "trainer": fmt.trainer_settings(serving, longest),
         "engine": identity.engine,
         "dataset": str(Path(config.dataset).resolve()),
         "dataset_fingerprint": output_identity.dataset.fingerprint if output_identity else None,

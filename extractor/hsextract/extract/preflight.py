@@ -23,7 +23,8 @@ from hsextract.errors import (
 from hsextract.extract.client import ServerClient
 from hsextract.extract.data_config import read_data_config
 from hsextract.extract.dataset import dataset_kind
-from hsextract.extract.formats import OutputFormat, open_format
+from hsextract.extract.formats import format_class, open_format
+from hsextract.extract.formats.base import OutputFormat
 from hsextract.extract.identity import (
     DatasetIdentity,
     ModelIdentity,
@@ -37,17 +38,9 @@ from hsextract.extract.manifest import SAMPLES_FILE, read_jsonl
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.plan import Plan
 from hsextract.extract.scan import DatasetScan
-from hsextract.extract.serving_hints import (
-    SPECFORGE_NUM_AUX_LAYERS,
-    TRAINER_DEFAULT_LENGTH,
-    TRAINER_LENGTH_SETTING,
-    SGLangServing,
-    sglang_serving,
-)
+from hsextract.extract.serving_hints import SGLangServing, sglang_serving
 
 log = logging.getLogger(__name__)
-
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def check_server(
@@ -96,12 +89,7 @@ def check_server(
 
 def serving_and_trainer_guards(cfg: ExtractConfig, identity: ServerInfo, aux: list[int], fmt: OutputFormat) -> SGLangServing:
     """Refuse what the trainer or SGLang would fail on later; the SGLang value for these layers."""
-    if fmt.name == "specforge" and len(aux) != SPECFORGE_NUM_AUX_LAYERS:
-        raise ConfigError(
-            f"format specforge with {len(aux)} aux layers {aux}: SpecForge's EAGLE-3 draft takes exactly "
-            f"{SPECFORGE_NUM_AUX_LAYERS} (it refuses any other count at its first step); set three layer_ids or use "
-            "--format speculators"
-        )
+    fmt.check_layers(aux)
     if cfg.architecture != "auto":
         family: ModelFamily | None = ModelFamily(cfg.architecture)
     else:
@@ -163,8 +151,9 @@ def establish_identity(
 
 def check_disk(cfg: ExtractConfig, plan: Plan, identity: OutputIdentity, fmt: OutputFormat, metrics: ExtractMetrics) -> None:
     """Free space on the output filesystem against the estimated output size."""
-    stored = fmt.stored_dtype or identity.dtype or "bfloat16"
-    per_token = (len(identity.aux_layer_ids) + 1) * identity.hidden_size * _DTYPE_BYTES.get(stored, 2) + 16
+    # a server that does not report its dtype: estimated as bfloat16 until the first dump says
+    stored = identity.stored_dtype or fmt.stored_dtype_for(identity.dtype) or "bfloat16"
+    per_token = fmt.bytes_per_token(len(identity.aux_layer_ids), identity.hidden_size, stored)  # ConfigError: unknown dtype
     needed = int(plan.todo_tokens * per_token * cfg.disk_headroom)
     free = shutil.disk_usage(cfg.output).free
     metrics.planned_tokens.set(plan.todo_tokens)
@@ -200,13 +189,14 @@ def log_lengths(cfg: ExtractConfig, plan: Plan) -> None:
         plan.longest_tokens,
     )
     if plan.over_trainer_default:
+        fmt = format_class(cfg.format)
         log.warning(
             "plan: %d samples are longer than %s's default %s %d and would lose their tail there: train with %s %d "
             "(recorded in data_config.json)",
             plan.over_trainer_default,
-            cfg.format,
-            TRAINER_LENGTH_SETTING[cfg.format],
-            TRAINER_DEFAULT_LENGTH[cfg.format],
-            TRAINER_LENGTH_SETTING[cfg.format],
+            fmt.trainer_name,
+            fmt.trainer_length_setting,
+            fmt.trainer_default_length,
+            fmt.trainer_length_setting,
             plan.longest_tokens,
         )

@@ -29,7 +29,7 @@ from hsextract.extract.checksum import WrittenFile
 from hsextract.extract.client import PendingAnswer, ServerClient
 from hsextract.extract.dataset import Sample
 from hsextract.extract.dump_checks import DumpExpectation, check_dump
-from hsextract.extract.formats import OutputFormat
+from hsextract.extract.formats.base import OutputFormat
 from hsextract.extract.ledger import Ledger, disk_full_error
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.open_requests import OpenRequest, OpenRequests

@@ -43,7 +43,8 @@ from hsextract.extract.client import ServerClient
 from hsextract.extract.data_config import build_data_config, write_data_config
 from hsextract.extract.dataset import Sample, iter_raw_rows, iter_rows, validate_row
 from hsextract.extract.dump_checks import DumpExpectation
-from hsextract.extract.formats import OutputFormat
+from hsextract.extract.formats import format_class
+from hsextract.extract.formats.base import OutputFormat
 from hsextract.extract.identity import OutputIdentity, write_identity
 from hsextract.extract.ledger import Ledger, disk_full_error
 from hsextract.extract.lock import OutputLock
@@ -57,11 +58,7 @@ from hsextract.extract.progress import Progress
 from hsextract.extract.resume_check import check_resume
 from hsextract.extract.row_worker import RowWorker
 from hsextract.extract.scan import DatasetScan, scan_dataset
-from hsextract.extract.serving_hints import (
-    TRAINER_DEFAULT_LENGTH,
-    SGLangServing,
-    summary_lines,
-)
+from hsextract.extract.serving_hints import SGLangServing, summary_lines
 from hsextract.extract.stale_dumps import sweep_stale_dumps
 
 log = logging.getLogger(__name__)
@@ -173,7 +170,7 @@ class Extraction:
             cfg.num_shards,
             self.stop,
             written_lengths=[s.num_tokens for s in manifest.written.values()],
-            trainer_default=TRAINER_DEFAULT_LENGTH[cfg.format],
+            trainer_default=format_class(cfg.format).trainer_default_length,
         )
 
     # -- the run ------------------------------------------------------------------------------------
@@ -347,7 +344,7 @@ class Extraction:
             seconds=time.monotonic() - started,
             fatal_error=ledger.fatal_text(),
             stop_reason=stop_reason,
-            hints=tuple(summary_lines(serving, data_config["trainer"], cfg.output)),
+            hints=tuple(summary_lines(serving, data_config["trainer"], cfg.output, fmt.name)),
             late_answers=ledger.late_answers,
             longest_dump_pickup_s=ledger.longest_dump_pickup_s,
         )

@@ -20,7 +20,8 @@ from hsextract.contract.states import RunStatus
 from hsextract.errors import OutputError
 from hsextract.extract.checksum import check_sample_file
 from hsextract.extract.data_config import read_data_config
-from hsextract.extract.formats import FORMATS, OutputFormat, open_format
+from hsextract.extract.formats import FORMATS, open_format
+from hsextract.extract.formats.base import OutputFormat
 from hsextract.extract.identity import IDENTITY_FILE, OutputIdentity, read_identity
 from hsextract.extract.manifest import ERRORS_FILE, SAMPLES_FILE, read_jsonl
 
@@ -132,8 +133,8 @@ def verify_output(output: Path, on_sample: Callable[[], None] | None = None) -> 
     listed = {fmt.sample_path(r) for r in samples}
     if on_disk - listed:
         problem(f"{len(on_disk - listed)} sample files not listed in samples.jsonl, e.g. {sorted(on_disk - listed)[0]}")
-    if expect.format == "speculators" and config is not None:
-        _verify_speculators_dataset(output, set(samples), fmt, problem)
+    if config is not None:
+        fmt.verify_index(set(samples), problem)
     return report
 
 
@@ -193,24 +194,3 @@ def _verify_totals(config: dict[str, Any] | None, samples: dict[int, dict[str, A
     truncated = sum(1 for r in samples.values() if r.get("original_length", 0) > r.get("num_tokens", 0))
     if truncated != config.get("truncated_samples"):
         problem(f"{truncated} truncated samples in samples.jsonl, data_config.json says {config.get('truncated_samples')}")
-
-
-def _verify_speculators_dataset(output: Path, rows: set[int], fmt: OutputFormat, problem: Callable[[str], None]) -> None:
-    import datasets
-
-    try:
-        data = datasets.load_from_disk(str(output / "data"))
-    except Exception as exc:
-        problem(f"data/ cannot be loaded with datasets.load_from_disk: {exc}")
-        return
-    for row in sorted(rows):
-        if row >= len(data):
-            problem(f"row {row} is written but data/ has only {len(data)} entries")
-            continue
-        entry = data[row]
-        try:
-            token_ids = fmt.read_sample(row).input_ids
-        except Exception:
-            continue  # reported with the sample
-        if not torch.equal(entry["input_ids"], token_ids) or int(entry["seq_len"]) != token_ids.shape[0]:
-            problem(f"row {row}: data/ input_ids or seq_len differ from hs_{row}.safetensors")

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -23,10 +23,19 @@ from safetensors.torch import load_file, save_file
 from hsextract.contract.atomic import remove_quietly, temp_path
 from hsextract.contract.dumps import Dump
 from hsextract.contract.states import ErrorReason
-from hsextract.errors import DumpError
+from hsextract.errors import DumpError, MergeError
 from hsextract.extract.checksum import WrittenFile, file_checksum
 from hsextract.extract.dataset import Sample
 from hsextract.extract.formats.base import OutputFormat, StoredSample
+from hsextract.extract.serving_hints import (
+    SPECULATORS_DEFAULT_TOTAL_SEQ_LEN,
+    SPECULATORS_VERSION,
+    SGLangServing,
+    speculators_args,
+)
+
+if TYPE_CHECKING:
+    from hsextract.extract.merge_plan import MergePlan
 
 
 class SpeculatorsFormat(OutputFormat):
@@ -34,6 +43,32 @@ class SpeculatorsFormat(OutputFormat):
     final_norm_applied = False
     needs_final_prenorm = True
     sample_glob = "hidden_states/hs_*.safetensors"
+    trainer_name = "speculators"
+    trainer_version = SPECULATORS_VERSION
+    trainer_default_length = SPECULATORS_DEFAULT_TOTAL_SEQ_LEN
+    trainer_length_setting = "--total-seq-len"
+
+    @classmethod
+    def trainer_settings(cls, serving: SGLangServing, longest_sample: int) -> dict[str, Any]:
+        flags: dict[str, Any] = {
+            "--data-path": "data",
+            "--hidden-states-path": "hidden_states",
+            "--on-missing": "skip",  # rows this output does not hold (bad input, other shards) have no file
+            "--total-seq-len": cls.trainer_length(longest_sample),
+            "--target-layer-ids": serving.layers_to_capture,  # vLLM/speculators: the layer *entered*
+        }
+        return {
+            "name": cls.trainer_name,
+            "version": cls.trainer_version,
+            "paths_relative_to": "the output directory",
+            "flags": flags,
+            "default_total_seq_len": cls.trainer_default_length,
+            "longest_sample": longest_sample,
+        }
+
+    @classmethod
+    def trainer_summary(cls, trainer: dict[str, Any], output: Path) -> str:
+        return f"train with speculators {cls.trainer_version}: " + " ".join(speculators_args(trainer, output))
 
     def sample_path(self, row: int) -> Path:
         return self.root / "hidden_states" / f"hs_{row}.safetensors"
@@ -84,6 +119,73 @@ class SpeculatorsFormat(OutputFormat):
             features=arrow_features(),
         )
         save_arrow_dataset(table, self.root / "data")
+
+    def verify_index(self, rows: set[int], problem: Callable[[str], None]) -> None:
+        """``data/`` loads, and its entry of every written row matches the row's file."""
+        import datasets
+        import torch
+
+        try:
+            data = datasets.load_from_disk(str(self.root / "data"))
+        except Exception as exc:
+            problem(f"data/ cannot be loaded with datasets.load_from_disk: {exc}")
+            return
+        for row in sorted(rows):
+            if row >= len(data):
+                problem(f"row {row} is written but data/ has only {len(data)} entries")
+                continue
+            entry = data[row]
+            try:
+                token_ids = self.read_sample(row).input_ids
+            except Exception:
+                continue  # reported with the sample
+            if not torch.equal(entry["input_ids"], token_ids) or int(entry["seq_len"]) != token_ids.shape[0]:
+                problem(f"row {row}: data/ input_ids or seq_len differ from hs_{row}.safetensors")
+
+    def merge_index(self, plan: MergePlan) -> None:
+        """One ``data/`` whose entry i is row i: each written row from its shard's ``data/``, holes elsewhere."""
+        import datasets
+
+        features = arrow_features()
+        parts = []
+        offsets: dict[int, int] = {}
+        offset = 0
+        for shard in plan.shards:
+            rows = [row for row, owner in plan.owner.items() if owner is shard]
+            if not rows:
+                continue
+            try:
+                data = datasets.load_from_disk(str(shard.path / "data"))
+            except Exception as exc:  # datasets raises several types for a missing or damaged directory
+                raise MergeError(
+                    f"{shard.label}: data/ cannot be loaded ({exc}); finish it first: {shard.finish_command()}"
+                ) from None
+            if len(data) <= max(rows):
+                raise MergeError(
+                    f"{shard.label}: data/ has {len(data)} entries but the shard wrote row {max(rows)}; "
+                    f"finish it first: {shard.finish_command()}"
+                )
+            parts.append(data.with_format(None).cast(features))
+            offsets[id(shard)] = offset
+            offset += len(data)
+        hole = offset
+        parts.append(
+            datasets.Dataset.from_dict(
+                {"input_ids": [[]], "loss_mask": [[]], "seq_len": [0], "written": [False]}, features=features
+            )
+        )
+        combined = datasets.concatenate_datasets(parts)
+        indices = [offsets[id(plan.owner[row])] + row if row in plan.owner else hole for row in range(plan.last_written_row + 1)]
+        merged = combined.select(indices)
+        written = list(merged["written"])
+        wrong = [row for row in plan.owner if not written[row]]
+        if wrong:
+            shard = plan.owner[wrong[0]]
+            raise MergeError(
+                f"{shard.label}: data/ marks row {wrong[0]} as not written although samples.jsonl lists it; "
+                f"repair the shard first: {shard.finish_command()}"
+            )
+        save_arrow_dataset(merged.flatten_indices(), self.root / "data")
 
 
 def arrow_features() -> Any:
