@@ -98,7 +98,7 @@ def _check_target(into: Path, shards: Sequence[ShardOutput]) -> None:
     if not into.exists() or not any(into.iterdir()) or (into / MERGE_MARKER).exists():
         return
     existing = read_data_config(into)
-    if existing is None or "merged_from" not in existing:
+    if existing is None or existing.merged_from is None:
         raise MergeError(
             f"--into {into} is not empty and holds no merge (no {MERGE_MARKER}, no merged {DATA_CONFIG_FILE}); "
             "choose an empty or new directory"
@@ -196,7 +196,11 @@ def merge_outputs(shard_dirs: Sequence[Path], into: Path, copy: bool = False) ->
     plan = build_plan(shards)
     into = Path(into).resolve()
     _check_target(into, plan.shards)
-    fmt_name = str(plan.shards[0].config["format"])
+    fmt_name = plan.shards[0].config.format
+    if fmt_name is None:
+        raise MergeError(
+            f"{plan.shards[0].label} records no format in its {DATA_CONFIG_FILE}; rerun its extraction to rewrite it"
+        )
     log.info(
         "merging %d shards (%d rows: %d written, %d bad input) of format %s into %s",
         len(plan.shards),
@@ -225,14 +229,14 @@ def merge_outputs(shard_dirs: Sequence[Path], into: Path, copy: bool = False) ->
     _write_jsonl(into / ERRORS_FILE, errors)
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     config = merged_data_config(plan, [provenance_of(s) for s in plan.shards], now)
-    config["merge_files"] = {"hard_linked": placer.counts["linked"], "copied": placer.counts["copied"]}
+    config.merge_files = {"hard_linked": placer.counts["linked"], "copied": placer.counts["copied"]}
     write_data_config(into, config)
     (into / MERGE_MARKER).unlink()
     return MergeSummary(
         into=into,
         shards=len(plan.shards),
         samples=len(samples),
-        tokens=int(config["total_tokens"]),
+        tokens=config.total_tokens,
         bad_input=len(errors),
         linked=placer.counts["linked"],
         copied=placer.counts["copied"],

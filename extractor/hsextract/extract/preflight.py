@@ -135,7 +135,7 @@ def establish_identity(
             legacy = read_data_config(cfg.output)
         except OutputError:
             legacy = None
-        recorded = identity_from_data_config(legacy) if legacy else None
+        recorded = identity_from_data_config(legacy) if legacy is not None else None
         if recorded is None and read_jsonl(cfg.output / SAMPLES_FILE).records:
             raise OutputError(
                 f"output {cfg.output} holds samples but no identity.json (deleted, or written by an older hsextract "

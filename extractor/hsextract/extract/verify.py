@@ -16,10 +16,9 @@ from typing import Any
 import torch
 
 from hsextract.contract.atomic import is_temp_name
-from hsextract.contract.states import RunStatus
 from hsextract.errors import OutputError
 from hsextract.extract.checksum import check_sample_file
-from hsextract.extract.data_config import read_data_config
+from hsextract.extract.data_config import DataConfig, read_data_config
 from hsextract.extract.formats import FORMATS, open_format
 from hsextract.extract.formats.base import OutputFormat
 from hsextract.extract.identity import IDENTITY_FILE, OutputIdentity, read_identity
@@ -63,20 +62,14 @@ class _Expect:
     dtype: str | None
 
 
-def _expectations(output: Path, config: dict[str, Any] | None, identity: OutputIdentity | None) -> _Expect:
+def _expectations(output: Path, config: DataConfig | None, identity: OutputIdentity | None) -> _Expect:
     if config is not None:
-        try:
-            return _Expect(
-                str(config["format"]),
-                int(config["hidden_size"]),
-                len(config["aux_layer_ids"]),
-                int(config["max_seq_len"]),
-                config.get("dtype"),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
+        if config.format is None or config.hidden_size is None or config.max_seq_len is None:
+            lacks = [k for k in ("format", "hidden_size", "max_seq_len") if getattr(config, k) is None]
             raise OutputError(
-                f"{output}/data_config.json lacks {exc}; rerun the extraction (same command) to rewrite it"
-            ) from None
+                f"{output}/data_config.json lacks {', '.join(lacks)}; rerun the extraction (same command) to rewrite it"
+            )
+        return _Expect(config.format, config.hidden_size, len(config.aux_layer_ids), config.max_seq_len, config.dtype)
     assert identity is not None
     dtype = identity.stored_dtype or identity.dtype
     return _Expect(identity.format, identity.hidden_size, len(identity.aux_layer_ids), identity.max_seq_len, dtype)
@@ -105,8 +98,8 @@ def verify_output(output: Path, on_sample: Callable[[], None] | None = None) -> 
             ("hidden_size", identity.hidden_size),
             ("max_seq_len", identity.max_seq_len),
         ):
-            if config.get(key) != recorded:
-                problem(f"data_config.json says {key} {config.get(key)!r}, {IDENTITY_FILE} {recorded!r}")
+            if getattr(config, key) != recorded:
+                problem(f"data_config.json says {key} {getattr(config, key)!r}, {IDENTITY_FILE} {recorded!r}")
     fmt = open_format(expect.format, output)
     samples_file = read_jsonl(output / SAMPLES_FILE)
     errors_file = read_jsonl(output / ERRORS_FILE)
@@ -123,9 +116,9 @@ def verify_output(output: Path, on_sample: Callable[[], None] | None = None) -> 
     overlap = set(samples) & {int(e["row"]) for e in errors_file.records}
     if overlap:
         problem(f"rows both written and in errors.jsonl: {sorted(overlap)[:10]}")
-    if config is not None and config.get("status") != RunStatus.COMPLETE:
-        reason = f" ({config['stop_reason']})" if config.get("stop_reason") else ""
-        problem(f"the run's status is {config.get('status')!r}{reason}, not 'complete'; rerun the extraction to finish it")
+    if config is not None and not config.complete:
+        reason = f" ({config.stop_reason})" if config.stop_reason else ""
+        problem(f"the run's status is {config.status!r}{reason}, not 'complete'; rerun the extraction to finish it")
     strays = [p for p in output.rglob(".*") if is_temp_name(p.name)]
     if strays:
         problem(f"{len(strays)} temporary files left, e.g. {strays[0]}")
@@ -183,14 +176,14 @@ def _verify_sample(
     report.tokens += tokens
 
 
-def _verify_totals(config: dict[str, Any] | None, samples: dict[int, dict[str, Any]], report: VerifyReport) -> None:
+def _verify_totals(config: DataConfig | None, samples: dict[int, dict[str, Any]], report: VerifyReport) -> None:
     if config is None:
         return
     problem = report.problems.append
-    if report.samples != config.get("total_samples"):
-        problem(f"{report.samples} samples readable, data_config.json says total_samples {config.get('total_samples')}")
-    if report.tokens != config.get("total_tokens"):
-        problem(f"{report.tokens} tokens read, data_config.json says total_tokens {config.get('total_tokens')}")
+    if report.samples != config.total_samples:
+        problem(f"{report.samples} samples readable, data_config.json says total_samples {config.total_samples}")
+    if report.tokens != config.total_tokens:
+        problem(f"{report.tokens} tokens read, data_config.json says total_tokens {config.total_tokens}")
     truncated = sum(1 for r in samples.values() if r.get("original_length", 0) > r.get("num_tokens", 0))
-    if truncated != config.get("truncated_samples"):
-        problem(f"{truncated} truncated samples in samples.jsonl, data_config.json says {config.get('truncated_samples')}")
+    if truncated != config.truncated_samples:
+        problem(f"{truncated} truncated samples in samples.jsonl, data_config.json says {config.truncated_samples}")
