@@ -35,7 +35,8 @@ def test_batch_of_several_requests_with_padding_and_foreign_rids(tmp_path: Path)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([a, b])
     dump = read_dump(tmp_path / b)
     assert dump.input_ids.tolist() == [5, 6, 7]
-    assert torch.equal(dump.final_hidden_state, final[5:8]) and torch.equal(dump.aux_hidden_states, aux[5:8])
+    got_aux, got_final = dump.plain_states("this test")
+    assert torch.equal(got_final, final[5:8]) and torch.equal(got_aux, aux[5:8])
     assert dump.meta.source.layer_ids == [2, 4, 5] and dump.meta.num_tokens == 3
     sink.close()
 
@@ -58,11 +59,8 @@ def test_prompt_split_over_chunks_in_different_batches(tmp_path: Path) -> None:
     sink.submit(batch)
     sink.flush()
     dump = read_dump(tmp_path / rid)
-    assert (
-        torch.equal(dump.input_ids, ids)
-        and torch.equal(dump.aux_hidden_states, aux)
-        and torch.equal(dump.final_hidden_state, final)
-    )
+    got_aux, got_final = dump.plain_states("this test")
+    assert torch.equal(dump.input_ids, ids) and torch.equal(got_aux, aux) and torch.equal(got_final, final)
     assert dump.meta.extend_passes == 2
     sink.close()
 
@@ -155,7 +153,7 @@ def test_parallel_writers_complete_each_batch_once_after_its_dumps(tmp_path: Pat
     sink.flush()
     assert sorted(completed) == sorted(released) == list(range(12)) and not missing
     dump = read_dump(tmp_path / make_rid(7 * 3 + 2, 4))
-    assert torch.equal(dump.final_hidden_state, rows(12, 700.0)[2][8:12])
+    assert torch.equal(dump.plain_states("this test")[1], rows(12, 700.0)[2][8:12])
     assert sink.clock.counts()["dump_write"] == 36 and sink.dumps_failed == 0
     sink.close()
 

@@ -87,7 +87,7 @@ def test_the_pre_norm_state_is_dumped_only_for_requests_that_ask(model_dir, star
     assert read_dump(server.dump_dir / plain).final_prenorm_hidden_state is None
     with_prenorm = read_dump(server.dump_dir / asked)
     assert with_prenorm.final_prenorm_hidden_state is not None and with_prenorm.final_prenorm_hidden_state.shape == (10, 64)
-    assert not torch.equal(with_prenorm.final_prenorm_hidden_state, with_prenorm.final_hidden_state)
+    assert not torch.equal(with_prenorm.final_prenorm_hidden_state, with_prenorm.plain_states("this test")[1])
     chunked_dump = read_dump(server.dump_dir / chunked)
     assert chunked_dump.meta.extend_passes == 2 and chunked_dump.final_prenorm_hidden_state is not None
     bad = generate(server.url, make_rid(4, 3), [1, 2, 3], hsextract_final_prenorm="yes")

@@ -44,8 +44,9 @@ def test_several_requests_padding_and_foreign_rids_packed_aux(served, tmp_path: 
     for rid, start, n in ((a, 1, 5), (b, 8, 3)):
         dump = read_dump(tmp_path / "dumps" / rid)
         assert torch.equal(dump.input_ids, batch.input_ids[start : start + n])
-        assert torch.equal(dump.final_hidden_state, hidden[start : start + n])
-        assert torch.equal(dump.aux_hidden_states, aux[start : start + n].view(n, K, H))
+        got_aux, got_final = dump.plain_states("this test")
+        assert torch.equal(got_final, hidden[start : start + n])
+        assert torch.equal(got_aux, aux[start : start + n].view(n, K, H))
         assert dump.meta.source.layer_ids == LAYERS and dump.meta.source.capture_indices == [3, 5, 6]
         assert dump.meta.source.engine == "sglang" and dump.meta.source.engine_version == "0.5.23"
 
@@ -65,9 +66,10 @@ def test_prompt_split_over_two_chunks_in_different_batches_list_aux(served, tmp_
     run.flush()
     dump = read_dump(tmp_path / "dumps" / rid)
     assert torch.equal(dump.input_ids, torch.cat([first.input_ids[:6], second.input_ids[2:5]]))
-    assert torch.equal(dump.final_hidden_state, torch.cat([hidden1, hidden2[2:5]]))
+    got_aux, got_final = dump.plain_states("this test")
+    assert torch.equal(got_final, torch.cat([hidden1, hidden2[2:5]]))
     for k in range(K):
-        assert torch.equal(dump.aux_hidden_states[:, k], torch.cat([aux1[k], aux2[k][2:5]]))
+        assert torch.equal(got_aux[:, k], torch.cat([aux1[k], aux2[k][2:5]]))
     assert dump.meta.extend_passes == 2
     assert read_dump(tmp_path / "dumps" / other).input_ids.shape == (2,)
 
@@ -130,7 +132,7 @@ def test_prenorm_hook_on_model_norm(served, tmp_path: Path) -> None:
     assert dump.final_prenorm_hidden_state is not None
     assert torch.allclose(dump.final_prenorm_hidden_state, hidden + residual)
     total = hidden + residual
-    assert torch.allclose(dump.final_hidden_state, total / total.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt())
+    assert torch.allclose(dump.plain_states("this test")[1], total / total.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt())
 
 
 def test_only_the_writer_rank_registers_a_hook(published_server_args, tmp_path: Path) -> None:

@@ -4,8 +4,8 @@ The client (:mod:`hsextract.extract.client`), the embedded server
 (:mod:`hsextract.capture.embedded.http`) and the tests all build and read these messages here, so
 the two sides cannot drift. The shapes are SGLang's (``GenerateReqInput`` in
 ``sglang/srt/managers/io_struct.py`` and its ``/generate`` answer for ``max_new_tokens: 0``), plus
-one hsextract key, :data:`FINAL_PRENORM_KEY`, that only a server saying ``final_prenorm_per_request``
-reads.
+two hsextract keys: :data:`FINAL_PRENORM_KEY`, that only a server saying ``final_prenorm_per_request``
+reads, and :data:`STORAGE_KEY` (``"float8_e4m3fn"``), that only a server saying ``fp8_per_request`` reads.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from hsextract.contract.server_info import FINAL_PRENORM_KEY
+from hsextract.contract.fp8 import STORAGES
+from hsextract.contract.server_info import FINAL_PRENORM_KEY, STORAGE_KEY
 from hsextract.errors import BadRequestError
 
 # -- routes (SGLang's names) -------------------------------------------------------------------------
@@ -39,11 +40,14 @@ class GenerateRequest:
     rid: str
     input_ids: list[int]
     final_prenorm: bool = False  # ask for the pre-norm final state too (only the speculators format needs it)
+    storage: str | None = None  # "float8_e4m3fn": dump as FP8 (contract.fp8); None: the model's dtype
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"input_ids": self.input_ids, "rid": self.rid, "sampling_params": {"max_new_tokens": 0}}
         if self.final_prenorm:
             body[FINAL_PRENORM_KEY] = True
+        if self.storage is not None:
+            body[STORAGE_KEY] = self.storage
         return body
 
     @classmethod
@@ -69,7 +73,13 @@ class GenerateRequest:
         final_prenorm = body.get(FINAL_PRENORM_KEY, False)
         if not isinstance(final_prenorm, bool):
             raise BadRequestError("bad_final_prenorm", f"{FINAL_PRENORM_KEY} must be true or false")
-        return cls(rid, ids, final_prenorm)
+        storage = body.get(STORAGE_KEY)
+        if storage is not None and storage not in STORAGES:
+            raise BadRequestError(
+                "bad_storage",
+                f"{STORAGE_KEY} {storage!r} is not a storage this server writes: leave it out or send {STORAGES[0]!r}",
+            )
+        return cls(rid, ids, final_prenorm, storage)
 
 
 @dataclass(frozen=True)

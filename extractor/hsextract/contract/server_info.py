@@ -15,6 +15,9 @@ from hsextract.errors import ServerError
 
 #: ``/generate`` key asking a server that says ``final_prenorm_per_request`` to dump the pre-norm state
 FINAL_PRENORM_KEY = "hsextract_final_prenorm"
+#: ``/generate`` key asking a server that says ``fp8_per_request`` to dump this request as FP8
+#: (value ``"float8_e4m3fn"``, :data:`hsextract.contract.fp8.FP8_STORAGE`)
+STORAGE_KEY = "hsextract_storage"
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,8 @@ class ServerInfo:
     model_fingerprint: str | None = None  # contract.model_fingerprint, when the server computes it
     # The server dumps the pre-norm state only for requests that ask (``hsextract_final_prenorm``).
     final_prenorm_per_request: bool | None = None
+    # The server dumps a request as FP8 (``contract.fp8``) when it asks (``hsextract_storage``).
+    fp8_per_request: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -49,6 +54,7 @@ class ServerInfo:
             "rid_prefix": self.rid_prefix,
             "provides_final_prenorm": self.provides_final_prenorm,
             "final_prenorm_per_request": self.final_prenorm_per_request,
+            "fp8_per_request": self.fp8_per_request,
         }
 
     @classmethod
@@ -89,4 +95,5 @@ class ServerInfo:
             rid_prefix=info.get("rid_prefix"),
             model_fingerprint=info.get("model_fingerprint"),
             final_prenorm_per_request=info.get("final_prenorm_per_request"),
+            fp8_per_request=info.get("fp8_per_request"),
         )

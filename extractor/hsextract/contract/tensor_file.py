@@ -28,6 +28,7 @@ _DTYPES = {
     torch.bfloat16: "BF16",
     torch.float32: "F32",
     torch.float64: "F64",
+    torch.float8_e4m3fn: "F8_E4M3",
 }
 _MAX_WRITE = 1 << 30  # bytes per writev call; Linux caps one call at about 2 GiB anyway
 

@@ -58,18 +58,19 @@ def check_dump(dump: Dump, sent_ids: list[int], expect: DumpExpectation) -> None
             f"dump {dump.rid} holds {dump.input_ids.shape[0]} token ids that differ from the {tokens} sent "
             "(a cached prefix, a stale dump, or rows of another request)",
         )
+    aux, final = dump.plain_states("the dump checks")
     num_aux = len(expect.aux_layer_ids)
     want_aux = (tokens, num_aux, expect.hidden_size)
-    if tuple(dump.aux_hidden_states.shape) != want_aux:
+    if tuple(aux.shape) != want_aux:
         raise DumpError(
             ErrorReason.SHAPE_MISMATCH,
-            f"dump {dump.rid} aux_hidden_states is {tuple(dump.aux_hidden_states.shape)}, expected {want_aux}",
+            f"dump {dump.rid} aux_hidden_states is {tuple(aux.shape)}, expected {want_aux}",
         )
     want_final = (tokens, expect.hidden_size)
-    if tuple(dump.final_hidden_state.shape) != want_final:
-        got = tuple(dump.final_hidden_state.shape)
+    if tuple(final.shape) != want_final:
+        got = tuple(final.shape)
         raise DumpError(ErrorReason.SHAPE_MISMATCH, f"dump {dump.rid} final_hidden_state is {got}, expected {want_final}")
-    tensors = [dump.aux_hidden_states, dump.final_hidden_state]
+    tensors = [aux, final]
     if expect.need_final_prenorm:
         prenorm = dump.final_prenorm_hidden_state
         if prenorm is None or tuple(prenorm.shape) != (tokens, expect.hidden_size):

@@ -484,7 +484,7 @@ class Extraction:
         with self._lock:
             identity = self._identity
             if identity is not None and identity.dtype is None:
-                computed = str(dump.final_hidden_state.dtype).removeprefix("torch.")
+                computed = dump.model_dtype
                 identity = self._identity = replace(identity, dtype=computed, stored_dtype=identity.stored_dtype or computed)
                 write_identity(self.config.output, identity)
             dtype = identity.dtype if identity is not None else None

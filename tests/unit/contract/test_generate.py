@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from hsextract.contract.fp8 import FP8_STORAGE
 from hsextract.contract.generate import GenerateAnswer, GenerateRequest, error_body
-from hsextract.contract.server_info import FINAL_PRENORM_KEY
+from hsextract.contract.server_info import FINAL_PRENORM_KEY, STORAGE_KEY
 from hsextract.errors import BadRequestError
 
 
@@ -16,6 +17,15 @@ def test_request_round_trips_through_json() -> None:
     assert body[FINAL_PRENORM_KEY] is True
     assert GenerateRequest.parse(body, vocab_size=10) == sent
     assert FINAL_PRENORM_KEY not in GenerateRequest("r", [1]).to_json()
+
+
+def test_fp8_storage_round_trips_and_is_absent_by_default() -> None:
+    sent = GenerateRequest("hsx-000000001-n3", [1, 2, 3], final_prenorm=True, storage=FP8_STORAGE)
+    body = sent.to_json()
+    assert body[STORAGE_KEY] == "float8_e4m3fn"
+    assert GenerateRequest.parse(body, vocab_size=10) == sent
+    assert STORAGE_KEY not in GenerateRequest("r", [1]).to_json()
+    assert GenerateRequest.parse({"input_ids": [1], STORAGE_KEY: None}, vocab_size=10).storage is None
 
 
 @pytest.mark.parametrize(
@@ -31,6 +41,8 @@ def test_request_round_trips_through_json() -> None:
         ({"input_ids": [1], "sampling_params": {"max_new_tokens": 4}}, "decode_requested"),
         ({"input_ids": [1], "rid": 7}, "bad_rid"),
         ({"input_ids": [1], FINAL_PRENORM_KEY: "yes"}, "bad_final_prenorm"),
+        ({"input_ids": [1], STORAGE_KEY: "bfloat16"}, "bad_storage"),
+        ({"input_ids": [1], STORAGE_KEY: ["float8_e4m3fn"]}, "bad_storage"),
     ],
 )
 def test_request_refusals_name_the_reason(body: object, reason: str) -> None:

@@ -11,6 +11,8 @@ from hsextract.errors import ServerError
 def test_embedded_answer_round_trips() -> None:
     info = ServerInfo("/m", 8, 64, 1024, "float32", [1, 3, 4], "/dev/shm/x", "hsextract-embedded", True, "0.1.0", "hsx")
     assert ServerInfo.parse(info.to_json(), {}) == info
+    fp8 = ServerInfo("/m", 8, 64, 1024, "bfloat16", [1, 3, 4], "/x", "hsextract-embedded", True, fp8_per_request=True)
+    assert fp8.to_json()["fp8_per_request"] is True and ServerInfo.parse(fp8.to_json(), {}) == fp8
 
 
 def test_sglang_answer_is_completed_from_the_model_config() -> None:
@@ -19,6 +21,7 @@ def test_sglang_answer_is_completed_from_the_model_config() -> None:
     info = ServerInfo.parse(sglang_info, config)
     assert (info.num_layers, info.hidden_size, info.vocab_size, info.dtype) == (61, 7168, 163840, "bfloat16")
     assert info.engine == "sglang" and info.layer_ids is None and info.provides_final_prenorm is None
+    assert info.fp8_per_request is None
 
 
 def test_vocab_override_and_auto_dtype() -> None:

@@ -103,11 +103,12 @@ class SpecForgeFormat(OutputFormat):
     def write_sample(self, sample: Sample, dump: Dump) -> WrittenFile:
         tokens = dump.input_ids.shape[0]
         # [T, K, H] contiguous: its [1, T, K*H] view is the concatenation
-        aux = dump.aux_hidden_states.to(torch.bfloat16).contiguous()
+        aux, final = dump.plain_states("the specforge writer")
+        aux = aux.to(torch.bfloat16).contiguous()
         record = {
             "input_ids": dump.input_ids.to(torch.long),
             "loss_mask": torch.tensor(sample.loss_mask, dtype=torch.long),
-            "hidden_state": dump.final_hidden_state.to(torch.bfloat16).reshape(1, tokens, -1),
+            "hidden_state": final.to(torch.bfloat16).reshape(1, tokens, -1),
             "aux_hidden_state": aux.reshape(1, tokens, aux.shape[1] * aux.shape[2]),
         }
         path = self.sample_path(sample.row)

@@ -74,11 +74,12 @@ class SpeculatorsFormat(OutputFormat):
         return self.root / "hidden_states" / f"hs_{row}.safetensors"
 
     def write_sample(self, sample: Sample, dump: Dump) -> WrittenFile:
+        aux, _ = dump.plain_states("the speculators writer")
         if dump.final_prenorm_hidden_state is None:
             raise DumpError(
                 ErrorReason.MISSING_FINAL_PRENORM, f"dump {dump.rid} has no final_prenorm_hidden_state, which speculators needs"
             )
-        stacked = torch.cat([dump.aux_hidden_states, dump.final_prenorm_hidden_state.unsqueeze(1)], dim=1)
+        stacked = torch.cat([aux, dump.final_prenorm_hidden_state.unsqueeze(1)], dim=1)
         path = self.sample_path(sample.row)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = temp_path(path)
