@@ -99,6 +99,8 @@ class DataConfig(_Record):
     created_at: str | None = None
     updated_at: str | None = None
     created_unix: float | None = None
+    #: an FP8 output only: how it was quantized and the trainer flags that read it (OutputFormat.quantization)
+    quantization: dict[str, Any] | None = None
     # -- a merged output only (hsextract merge) ---------------------------------------------------------
     merged_at: str | None = None
     merged_from: list[dict[str, Any]] | None = None
@@ -174,60 +176,64 @@ def build_data_config(
     errors = list(manifest.errors.values())
     previous = _previous(config.output)
     longest = max((s.num_tokens for s in written), default=0)
-    stored_dtype = fmt.stored_dtype or computed_dtype
+    stored_dtype = fmt.stored_dtype_for(computed_dtype, config.storage)
+    quantization = fmt.quantization(stored_dtype)
     conversion = None
-    if computed_dtype is not None and stored_dtype != computed_dtype:
+    if quantization is not None:
+        conversion = f"{computed_dtype} -> {stored_dtype} on the server ({quantization['scheme']})"
+    elif computed_dtype is not None and stored_dtype != computed_dtype:
         conversion = f"{computed_dtype} -> {stored_dtype} at packing (format {fmt.name}: its trainer runs in {stored_dtype})"
     created_at = previous.created_at if previous is not None and previous.created_at else _now()
     created_unix = previous.created_unix if previous is not None and previous.created_unix is not None else time.time()
-    return DataConfig.model_validate(
-        {
-            "extraction_method": f"hsextract dump hook ({identity.engine})",
-            "format": fmt.name,
-            "data_format_version": DATA_FORMAT_VERSION,
-            "layer_ids": recorded_layer_ids(aux_layer_ids, identity.num_layers),
-            "layer_ids_convention": "0-based index of the decoder layer whose output is captured; last = final layer",
-            "aux_layer_ids": aux_layer_ids,
-            "sglang_layers_to_capture": capture_indices(aux_layer_ids),
-            "hf_hidden_states_indices": [*capture_indices(aux_layer_ids), identity.num_layers],
-            "final_layer_id": identity.num_layers - 1,
-            "final_norm_applied": fmt.final_norm_applied,
-            "num_layers_captured": len(aux_layer_ids) + 1,
+    fields = {
+        "extraction_method": f"hsextract dump hook ({identity.engine})",
+        "format": fmt.name,
+        "data_format_version": DATA_FORMAT_VERSION,
+        "layer_ids": recorded_layer_ids(aux_layer_ids, identity.num_layers),
+        "layer_ids_convention": "0-based index of the decoder layer whose output is captured; last = final layer",
+        "aux_layer_ids": aux_layer_ids,
+        "sglang_layers_to_capture": capture_indices(aux_layer_ids),
+        "hf_hidden_states_indices": [*capture_indices(aux_layer_ids), identity.num_layers],
+        "final_layer_id": identity.num_layers - 1,
+        "final_norm_applied": fmt.final_norm_applied,
+        "num_layers_captured": len(aux_layer_ids) + 1,
+        "num_hidden_layers": identity.num_layers,
+        "hidden_size": identity.hidden_size,
+        "vocab_size": identity.vocab_size,
+        "dtype": stored_dtype,
+        "computed_dtype": computed_dtype,
+        "dtype_conversion": conversion,
+        "max_seq_len": config.max_seq_len,
+        "total_samples": len(manifest.written),
+        "total_tokens": sum(s.num_tokens for s in written),
+        "total_bytes": sum(s.bytes for s in written),
+        "truncated_samples": len(truncated),
+        "truncated_tokens": sum(s.original_length - s.num_tokens for s in truncated),
+        "longest_sample_tokens": longest,
+        "bad_input_samples": sum(1 for e in errors if e.kind is ErrorKind.BAD_INPUT),
+        "failed_samples": sum(1 for e in errors if e.kind is ErrorKind.FAILED),
+        "error_counts": dict(sorted(Counter(e.reason for e in errors).items())),
+        "rows_in_shard": rows_in_shard,
+        "shard_index": config.shard_index,
+        "num_shards": config.num_shards,
+        "status": status.value,
+        "stop_reason": stop_reason,
+        "model": {
+            "path": output_identity.model.path if output_identity else identity.model_path,
+            "fingerprint": output_identity.model.fingerprint if output_identity else identity.model_fingerprint,
             "num_hidden_layers": identity.num_layers,
-            "hidden_size": identity.hidden_size,
-            "vocab_size": identity.vocab_size,
-            "dtype": stored_dtype,
-            "computed_dtype": computed_dtype,
-            "dtype_conversion": conversion,
-            "max_seq_len": config.max_seq_len,
-            "total_samples": len(manifest.written),
-            "total_tokens": sum(s.num_tokens for s in written),
-            "total_bytes": sum(s.bytes for s in written),
-            "truncated_samples": len(truncated),
-            "truncated_tokens": sum(s.original_length - s.num_tokens for s in truncated),
-            "longest_sample_tokens": longest,
-            "bad_input_samples": sum(1 for e in errors if e.kind is ErrorKind.BAD_INPUT),
-            "failed_samples": sum(1 for e in errors if e.kind is ErrorKind.FAILED),
-            "error_counts": dict(sorted(Counter(e.reason for e in errors).items())),
-            "rows_in_shard": rows_in_shard,
-            "shard_index": config.shard_index,
-            "num_shards": config.num_shards,
-            "status": status.value,
-            "stop_reason": stop_reason,
-            "model": {
-                "path": output_identity.model.path if output_identity else identity.model_path,
-                "fingerprint": output_identity.model.fingerprint if output_identity else identity.model_fingerprint,
-                "num_hidden_layers": identity.num_layers,
-                "family": None if serving.family is None else serving.family.value,
-            },
-            "serving": serving.to_json(),
-            "trainer": fmt.trainer_settings(serving, longest),
-            "engine": identity.engine,
-            "dataset": str(Path(config.dataset).resolve()),
-            "dataset_fingerprint": output_identity.dataset.fingerprint if output_identity else None,
-            "extractor_version": __version__,
-            "created_at": created_at,
-            "updated_at": _now(),
-            "created_unix": created_unix,
-        }
-    )
+            "family": None if serving.family is None else serving.family.value,
+        },
+        "serving": serving.to_json(),
+        "trainer": fmt.trainer_settings(serving, longest, stored_dtype),
+        "engine": identity.engine,
+        "dataset": str(Path(config.dataset).resolve()),
+        "dataset_fingerprint": output_identity.dataset.fingerprint if output_identity else None,
+        "extractor_version": __version__,
+        "created_at": created_at,
+        "updated_at": _now(),
+        "created_unix": created_unix,
+    }
+    if quantization is not None:  # an unquantized output's file keeps exactly its keys
+        fields["quantization"] = quantization
+    return DataConfig.model_validate(fields)

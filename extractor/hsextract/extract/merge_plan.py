@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hsextract.contract.fp8 import FP8_STORAGE
 from hsextract.contract.states import ErrorKind, RunStatus
 from hsextract.errors import MergeError
 from hsextract.extract.data_config import DataConfig
@@ -122,7 +123,21 @@ def rows_of_slice(total_rows: int, shard_index: int, num_shards: int) -> int:
     return (total_rows - 1 - shard_index) // num_shards + 1
 
 
+def check_storage(shards: Sequence[ShardOutput]) -> None:
+    """One storage per output: FP8 (with scales) and unquantized files never merge into one."""
+    first = shards[0]
+    for other in shards[1:]:
+        if (other.config.dtype == FP8_STORAGE) != (first.config.dtype == FP8_STORAGE):
+            raise MergeError(
+                f"{other.label} stores {other.config.dtype} states but {first.label} stores {first.config.dtype}: a "
+                "trainer reads one storage per output (FP8 needs --hidden-states-backend fp8, the other must not have "
+                "it), so FP8 and unquantized shards never merge. Re-extract the odd shard with the others' --storage, "
+                "or merge each storage separately; nothing was written"
+            )
+
+
 def check_agreement(shards: Sequence[ShardOutput]) -> None:
+    check_storage(shards)
     first = shards[0]
     for key in AGREEING_KEYS:
         want = lookup(first.recorded, key)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from hsextract.config import ExtractConfig
 from hsextract.contract.dump_dir import check_dump_root
+from hsextract.contract.fp8 import FP8_STORAGE
 from hsextract.contract.layers import resolve_aux_layer_ids
 from hsextract.contract.model_config import read_model_config
 from hsextract.contract.server_info import ServerInfo
@@ -17,6 +18,7 @@ from hsextract.contract.sglang_capture import ModelFamily, family_of
 from hsextract.errors import (
     ConfigError,
     DiskSpaceError,
+    IdentityMismatchError,
     OutputError,
     ServerError,
 )
@@ -26,6 +28,7 @@ from hsextract.extract.dataset import dataset_kind
 from hsextract.extract.formats import format_class, open_format
 from hsextract.extract.formats.base import OutputFormat
 from hsextract.extract.identity import (
+    IDENTITY_FILE,
     DatasetIdentity,
     ModelIdentity,
     OutputIdentity,
@@ -124,12 +127,13 @@ def establish_identity(
         max_seq_len=cfg.max_seq_len,
         hidden_size=info.hidden_size,
         dtype=info.dtype,
-        stored_dtype=fmt.stored_dtype or info.dtype,
+        stored_dtype=fmt.stored_dtype_for(info.dtype, cfg.storage),
         shard_index=cfg.shard_index,
         num_shards=cfg.num_shards,
         dataset=DatasetIdentity(str(scan.path), scan.fingerprint, scan.total_rows),
     )
     recorded = read_identity(cfg.output)
+    _refuse_mixed_storage(cfg, recorded)
     if recorded is None:
         try:
             legacy = read_data_config(cfg.output)
@@ -147,6 +151,20 @@ def establish_identity(
         log.warning("%s", note)
     write_identity(cfg.output, identity)
     return identity
+
+
+def _refuse_mixed_storage(cfg: ExtractConfig, recorded: OutputIdentity | None) -> None:
+    """FP8 and model-dtype rows never share an output (a trainer reads one storage per output)."""
+    if recorded is None or recorded.stored_dtype is None:
+        return
+    was_fp8 = recorded.stored_dtype == FP8_STORAGE
+    if was_fp8 != cfg.fp8:
+        fix = f"pass --storage {FP8_STORAGE}" if was_fp8 else "drop --storage (or pass --storage auto)"
+        raise IdentityMismatchError(
+            f"output {cfg.output} stores {recorded.stored_dtype} states but this run would store "
+            f"{cfg.storage if cfg.fp8 else 'the model dtype'}: FP8 and unquantized rows never share an output. Nothing "
+            f"was sent; {fix} to resume it, or use a new --output (what the output holds: {cfg.output / IDENTITY_FILE})"
+        )
 
 
 def check_disk(cfg: ExtractConfig, plan: Plan, identity: OutputIdentity, fmt: OutputFormat, metrics: ExtractMetrics) -> None:

@@ -59,6 +59,7 @@ class RowWorker:
         expectation: Callable[[Dump], DumpExpectation],
         open_requests: OpenRequests,
         final_prenorm: bool,
+        storage: str | None = None,
     ) -> None:
         self.config = config
         self.client = client
@@ -69,6 +70,8 @@ class RowWorker:
         self.expectation = expectation
         self.open_requests = open_requests
         self.final_prenorm = final_prenorm
+        #: asked per request (GenerateRequest.storage) of a server that says fp8_per_request; None: not asked
+        self.storage = storage
         self.stop: threading.Event = ledger.stop
         self._lock = threading.Lock()
         self._lingering: dict[PendingAnswer, OpenRequest] = {}  # rows written before their answer came
@@ -135,7 +138,7 @@ class RowWorker:
     # -- one request ----------------------------------------------------------------------------------
     def _send_until_dump(self, sample: Sample, entry: OpenRequest) -> tuple[Dump, PendingAnswer]:
         """Send the row's request (again, when the watchdog asks) until its dump is complete."""
-        request = GenerateRequest(entry.rid, sample.input_ids, self.final_prenorm)
+        request = GenerateRequest(entry.rid, sample.input_ids, self.final_prenorm, self.storage)
         while True:
             pending = self.client.send_prefill(request)
             entry.sent(pending)

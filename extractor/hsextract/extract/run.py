@@ -40,7 +40,7 @@ from hsextract.contract.server_info import ServerInfo
 from hsextract.contract.states import ErrorKind, RunStatus
 from hsextract.errors import BadSampleError, DiskFullError, HsextractError, ServerError
 from hsextract.extract.client import ServerClient
-from hsextract.extract.data_config import build_data_config, write_data_config
+from hsextract.extract.data_config import DataConfig, build_data_config, write_data_config
 from hsextract.extract.dataset import Sample, iter_raw_rows, iter_rows, validate_row
 from hsextract.extract.dump_checks import DumpExpectation
 from hsextract.extract.formats import format_class
@@ -98,6 +98,18 @@ def sweep_temp_files(root: Path) -> int:
                 path.unlink(missing_ok=True)
             removed += 1
     return removed
+
+
+def _storage_hint(data_config: DataConfig) -> tuple[str, ...]:
+    """The summary line of an FP8 output: what it holds and the trainer flag that reads it."""
+    quantization = data_config.quantization
+    if quantization is None:
+        return ()
+    flags = " ".join(f"{k} {v}" for k, v in quantization["trainer_flags"].items())
+    return (
+        f"stored as {data_config.dtype} ({quantization['scheme']}; scales in {quantization['scales_key']}): the trainer "
+        f"reads it only with {flags}",
+    )
 
 
 class Extraction:
@@ -237,6 +249,7 @@ class Extraction:
                 fmt.needs_final_prenorm,
                 model_path=identity.model.path,
                 model_fingerprint=identity.model.fingerprint,
+                storage=cfg.storage if cfg.fp8 else None,
             )
             progress = Progress(plan.rows_in_shard, plan.settled, plan.todo_tokens, cfg.log_interval_s)
             if not plan.exact:
@@ -252,6 +265,9 @@ class Extraction:
                 functools.partial(self._expectation, expect),
                 open_requests,
                 final_prenorm=fmt.needs_final_prenorm and bool(info.final_prenorm_per_request),
+                # a server that cannot take it per request dumps what it is configured with (the SGLang hook's
+                # storage); every dump's storage is checked against the output's either way
+                storage=cfg.storage if cfg.fp8 and info.fp8_per_request else None,
             )
             watchdog = StallWatchdog(open_requests, ledger, self.metrics, cfg.stall_timeout_s)
             watchdog.start()
@@ -344,7 +360,7 @@ class Extraction:
             seconds=time.monotonic() - started,
             fatal_error=ledger.fatal_text(),
             stop_reason=stop_reason,
-            hints=tuple(summary_lines(serving, data_config.trainer or {}, cfg.output, fmt.name)),
+            hints=tuple(summary_lines(serving, data_config.trainer or {}, cfg.output, fmt.name)) + _storage_hint(data_config),
             late_answers=ledger.late_answers,
             longest_dump_pickup_s=ledger.longest_dump_pickup_s,
         )

@@ -16,9 +16,11 @@ from typing import Any
 import torch
 
 from hsextract.contract.atomic import is_temp_name
+from hsextract.contract.fp8 import FP8_STORAGE
 from hsextract.errors import OutputError
 from hsextract.extract.checksum import check_sample_file
 from hsextract.extract.data_config import DataConfig, read_data_config
+from hsextract.extract.dump_checks import all_finite
 from hsextract.extract.formats import FORMATS, open_format
 from hsextract.extract.formats.base import OutputFormat
 from hsextract.extract.identity import IDENTITY_FILE, OutputIdentity, read_identity
@@ -170,10 +172,35 @@ def _verify_sample(
     for name, tensor in (("aux", stored.aux_hidden_states), ("final", stored.final_hidden_state)):
         if expect.dtype and str(tensor.dtype).removeprefix("torch.") != expect.dtype:
             problem(f"row {row}: {name} dtype {tensor.dtype}, expected {expect.dtype}")
-        if not bool(torch.isfinite(tensor).all()):
+        if not all_finite(tensor):
             problem(f"row {row}: {name} holds NaN or infinite values")
+    _verify_scales(row, stored.hidden_states_scales, tokens, expect, problem)
     report.samples += 1
     report.tokens += tokens
+
+
+def _verify_scales(row: int, scales: torch.Tensor | None, tokens: int, expect: _Expect, problem: Callable[[str], None]) -> None:
+    """An FP8 sample's per-token scales: float32 [T, 1, 1], finite and positive (a zero or NaN scale
+    turns the token's states into zeros or NaN in the trainer)."""
+    if expect.dtype != FP8_STORAGE:
+        if scales is not None:
+            problem(f"row {row}: holds hidden_states_scales but the output stores {expect.dtype}; {_REDO}")
+        return
+    if scales is None:
+        problem(f"row {row}: FP8 states without hidden_states_scales; {_REDO}")
+        return
+    if tuple(scales.shape) != (tokens, 1, 1) or scales.dtype != torch.float32:
+        problem(
+            f"row {row}: hidden_states_scales {scales.dtype} {tuple(scales.shape)}, expected float32 {(tokens, 1, 1)}; {_REDO}"
+        )
+        return
+    bad = ~(torch.isfinite(scales) & (scales > 0))
+    if bool(bad.any()):
+        first = int(bad.reshape(-1).nonzero()[0])
+        problem(
+            f"row {row}: {int(bad.sum())} hidden_states_scales not finite and positive (token {first}: "
+            f"{float(scales.reshape(-1)[first])}); {_REDO}"
+        )
 
 
 def _verify_totals(config: DataConfig | None, samples: dict[int, dict[str, Any]], report: VerifyReport) -> None:

@@ -57,6 +57,7 @@ class SpecForgeFormat(OutputFormat):
     trainer_version = SPECFORGE_VERSION
     trainer_default_length = SPECFORGE_DEFAULT_MAX_LENGTH
     trainer_length_setting = "data.max_length"
+    storage_refusal = "SpecForge has no FP8 reader: use --format speculators with --storage float8_e4m3fn, or drop --storage"
 
     def __init__(self, root: Path) -> None:
         super().__init__(root)
@@ -72,7 +73,7 @@ class SpecForgeFormat(OutputFormat):
             )
 
     @classmethod
-    def trainer_settings(cls, serving: SGLangServing, longest_sample: int) -> dict[str, Any]:
+    def trainer_settings(cls, serving: SGLangServing, longest_sample: int, stored: str | None = None) -> dict[str, Any]:
         model: dict[str, Any] = {}
         if serving.draft_layer_ids is not None:
             model["aux_hidden_state_layer_ids"] = serving.draft_layer_ids

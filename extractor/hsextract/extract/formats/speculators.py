@@ -7,6 +7,12 @@ is a ``datasets`` Arrow dataset (torch format) with ``input_ids``, ``loss_mask``
 its index i is dataset row i, the number of ``hs_<i>``, so rows this output does not hold
 (bad input, other shards) are entries with ``written`` false, ``seq_len`` 0 and no file. Train
 with ``--data-path <out>/data --hidden-states-path <out>/hidden_states --on-missing skip``.
+
+With ``--storage float8_e4m3fn`` the files hold speculators' own FP8 layout (hs-connectors 0.9.0,
+:mod:`hsextract.contract.fp8`): ``hidden_states [T, K+1, H]`` float8_e4m3fn and ``hidden_states_scales
+[T, 1, 1]`` float32, one scale per token over all slots; the trainer reads them with
+``--hidden-states-backend fp8`` (its default ``file`` backend ignores the scales). The server quantizes
+(the dump is already FP8): the writer stores the dump's tensors as they are, no round trip through bf16.
 """
 
 from __future__ import annotations
@@ -20,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from hsextract.contract import fp8
 from hsextract.contract.atomic import remove_quietly, temp_path
-from hsextract.contract.dumps import Dump
+from hsextract.contract.dumps import FINAL_SLOT_PRENORM, Dump
 from hsextract.contract.states import ErrorReason
 from hsextract.errors import DumpError, MergeError
 from hsextract.extract.checksum import WrittenFile, file_checksum
@@ -47,9 +54,29 @@ class SpeculatorsFormat(OutputFormat):
     trainer_version = SPECULATORS_VERSION
     trainer_default_length = SPECULATORS_DEFAULT_TOTAL_SEQ_LEN
     trainer_length_setting = "--total-seq-len"
+    storages = (fp8.FP8_STORAGE,)
+    #: the trainer flag that reads FP8 files (hs-connectors' FP8Transfer dequantizes them)
+    FP8_BACKEND_FLAGS = {"--hidden-states-backend": "fp8"}
 
     @classmethod
-    def trainer_settings(cls, serving: SGLangServing, longest_sample: int) -> dict[str, Any]:
+    def quantization(cls, stored: str | None) -> dict[str, Any] | None:
+        if stored != fp8.FP8_STORAGE:
+            return None
+        return {
+            "scheme": "per-token amax/448, hs-connectors 0.9.0 layout",
+            "dtype": fp8.FP8_STORAGE,
+            "scale": f"clamp(amax / {fp8.FP8_MAX:g}, min={fp8.MIN_SCALE:g}), amax over all slots and the hidden dimension",
+            "scales_key": "hidden_states_scales",
+            "scales_shape": "[T, 1, 1]",
+            "scales_dtype": "float32",
+            "final_slot": "prenorm",
+            "quantized_by": "the server, before the device-to-host copy (the dump is FP8)",
+            "dequantize": "hidden_states.to(dtype) * hidden_states_scales.to(dtype) (hs_connectors.fp8_utils)",
+            "trainer_flags": dict(cls.FP8_BACKEND_FLAGS),
+        }
+
+    @classmethod
+    def trainer_settings(cls, serving: SGLangServing, longest_sample: int, stored: str | None = None) -> dict[str, Any]:
         flags: dict[str, Any] = {
             "--data-path": "data",
             "--hidden-states-path": "hidden_states",
@@ -57,6 +84,8 @@ class SpeculatorsFormat(OutputFormat):
             "--total-seq-len": cls.trainer_length(longest_sample),
             "--target-layer-ids": serving.layers_to_capture,  # vLLM/speculators: the layer *entered*
         }
+        if stored == fp8.FP8_STORAGE:
+            flags.update(cls.FP8_BACKEND_FLAGS)  # the default file backend would read the FP8 values unscaled
         return {
             "name": cls.trainer_name,
             "version": cls.trainer_version,
@@ -74,17 +103,36 @@ class SpeculatorsFormat(OutputFormat):
         return self.root / "hidden_states" / f"hs_{row}.safetensors"
 
     def write_sample(self, sample: Sample, dump: Dump) -> WrittenFile:
-        aux, _ = dump.plain_states("the speculators writer")
-        if dump.final_prenorm_hidden_state is None:
-            raise DumpError(
-                ErrorReason.MISSING_FINAL_PRENORM, f"dump {dump.rid} has no final_prenorm_hidden_state, which speculators needs"
-            )
-        stacked = torch.cat([aux, dump.final_prenorm_hidden_state.unsqueeze(1)], dim=1)
+        token_ids = dump.input_ids.to(torch.int64)
+        if dump.hidden_states is not None and dump.hidden_states_scales is not None:
+            if dump.meta.final_slot != FINAL_SLOT_PRENORM:
+                raise DumpError(
+                    ErrorReason.MISSING_FINAL_PRENORM,
+                    f"FP8 dump {dump.rid} holds the {dump.meta.final_slot} final state in its last slot; speculators needs "
+                    "the pre-norm one (the request asks for it: the server must honour hsextract_final_prenorm)",
+                )
+            # the server's FP8 bytes and scales as they are: no dequantize, no requantize
+            tensors = {
+                "token_ids": token_ids,
+                "hidden_states": dump.hidden_states,
+                "hidden_states_scales": dump.hidden_states_scales,
+            }
+        else:
+            aux, _ = dump.plain_states("the speculators writer")
+            if dump.final_prenorm_hidden_state is None:
+                raise DumpError(
+                    ErrorReason.MISSING_FINAL_PRENORM,
+                    f"dump {dump.rid} has no final_prenorm_hidden_state, which speculators needs",
+                )
+            tensors = {
+                "token_ids": token_ids,
+                "hidden_states": torch.cat([aux, dump.final_prenorm_hidden_state.unsqueeze(1)], dim=1),
+            }
         path = self.sample_path(sample.row)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = temp_path(path)
         try:
-            save_file({"token_ids": dump.input_ids.to(torch.int64), "hidden_states": stacked}, str(tmp))
+            save_file(tensors, str(tmp))
             written = WrittenFile(tmp.stat().st_size, file_checksum(tmp))
             os.replace(tmp, path)
         except BaseException:
@@ -101,6 +149,7 @@ class SpeculatorsFormat(OutputFormat):
             loss_mask=None,
             aux_hidden_states=hidden[:, :-1],
             final_hidden_state=hidden[:, -1],
+            hidden_states_scales=tensors.get("hidden_states_scales"),
         )
 
     def finalize(self, samples: Iterable[Sample], written_rows: set[int]) -> None:
