@@ -12,6 +12,10 @@
    By default each forward holds one request (--max-batch-tokens 1): the engine batches whatever
    has arrived, and arrival timing differs between HTTP and in-process submission, so larger
    batches would measure batch formation rather than the extractor's overhead.
+3. fp8_vs_bf16_dump_bytes: hidden.safetensors bytes of one FP8 dump (``contract.fp8``: the K aux and
+   the pre-norm final state quantized per token) against the bf16 dump of the same rows (aux, final,
+   and the pre-norm final speculators needs), and the CPU seconds of the quantization
+   (``--dump-bytes-only`` runs just this).
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ import transformers
 
 from hsextract.capture.embedded.engine import Engine
 from hsextract.config import ExtractConfig, ServeConfig
-from hsextract.contract.dumps import HIDDEN_FILE, DumpSource, read_dump, write_dump
+from hsextract.contract.dumps import HIDDEN_FILE, DumpSource, read_dump, write_dump, write_fp8_dump
+from hsextract.contract.fp8 import bytes_per_token, quantize_per_token
 from hsextract.contract.rids import make_rid
 from hsextract.dev.sample_data import make_sample_data
 from hsextract.dev.tiny_model import make_tiny_model
@@ -102,6 +107,31 @@ def bench_pack(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         "copy_bytes": nbytes["copy"][0],
         "pack_seconds": seconds["pack"],
         "copy_seconds": seconds["copy"],
+    }
+
+
+def bench_dump_bytes(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Bytes of the FP8 dump and of the bf16 dump (with the pre-norm state) of the same rows."""
+    gen = torch.Generator().manual_seed(1)
+    t, k, h = args.tokens, args.aux, args.hidden
+    ids = torch.randint(0, VOCAB, (t,), generator=gen)
+    aux = torch.randn((t, k, h), generator=gen).to(torch.bfloat16)
+    final = torch.randn((t, h), generator=gen).to(torch.bfloat16)
+    prenorm = torch.randn((t, h), generator=gen).to(torch.bfloat16)
+    source = DumpSource("bench", "0", "random", layer_ids=list(range(k)), capture_indices=[i + 1 for i in range(k)])
+    bf16 = write_dump(root, make_rid(0, t), ids, aux, final, source, prenorm)
+    started = time.perf_counter()
+    hidden, scales = quantize_per_token(torch.cat([aux, prenorm.unsqueeze(1)], dim=1))
+    quantize_s = time.perf_counter() - started
+    fp8 = write_fp8_dump(root, make_rid(1, t), ids, hidden, scales, source, model_dtype="bfloat16", final_slot="prenorm")
+    fp8_bytes, bf16_bytes = ((d / HIDDEN_FILE).stat().st_size for d in (fp8, bf16))
+    shutil.rmtree(root)
+    return {
+        "fp8_dump_bytes": fp8_bytes,
+        "bf16_dump_bytes": bf16_bytes,
+        "fp8_vs_bf16_dump_bytes_ratio": fp8_bytes / bf16_bytes,
+        "fp8_bytes_per_token_states": bytes_per_token(k + 1, h),
+        "fp8_quantize_cpu_seconds": quantize_s,
     }
 
 
@@ -223,6 +253,7 @@ def parse_args() -> argparse.Namespace:
     add("--tokens", type=int, default=2048, help="tokens T per dump (default: %(default)s)")
     add("--aux", type=int, default=3, help="aux layers K per dump (default: %(default)s)")
     add("--hidden", type=int, default=2048, help="hidden size H of the bfloat16 dumps (default: %(default)s)")
+    add("--dump-bytes-only", action="store_true", help="measure only the FP8 vs bf16 dump bytes (case 3)")
     add("--prenorm", action="store_true", help="dumps also hold final_prenorm_hidden_state (copied, not packed)")
     add("--repeats", type=int, default=5, help="pack/copy repeats, order alternating (default: %(default)s)")
     add("--shm", action=argparse.BooleanOptionalAction, default=True, help="also measure pack/copy on /dev/shm (default: on)")
@@ -257,6 +288,11 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     ]
     if "shm_pack_vs_copy_ratio" in result:
         lines.append(f"/dev/shm       pack vs copy {result['shm_pack_vs_copy_ratio']:.2f}; {rates('shm_')}")
+    if "fp8_dump_bytes" in result:
+        lines.append(
+            f"fp8 dump       {result['fp8_dump_bytes']} bytes vs bf16 {result['bf16_dump_bytes']} "
+            f"({result['fp8_vs_bf16_dump_bytes_ratio']:.3f})"
+        )
     return lines
 
 
@@ -270,6 +306,10 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-core-", dir=args.work_dir))
     shm = Path(tempfile.mkdtemp(prefix="hsx-bench-pack-", dir="/dev/shm")) if args.shm else None
     try:
+        if args.dump_bytes_only:
+            sizes = bench_dump_bytes(work / "bytes", args)
+            print(json.dumps({**sizes, "tokens": args.tokens, "aux": args.aux, "hidden": args.hidden}, indent=1))
+            return 0
         shape = f"{args.dumps} dumps of [{args.tokens}, {args.aux}+1, {args.hidden}] bf16, {args.repeats} repeats"
         log.info("pack vs copy on %s: %s", work, shape)
         result: dict[str, Any] = bench_pack(work / "pack", args)
@@ -278,6 +318,7 @@ def main() -> int:
             result.update({f"shm_{key}": value for key, value in bench_pack(shm / "pack", args).items()})
         log.info("e2e vs forward: deepseek_v3 hidden %d, %d layers, %s", args.model_hidden, args.model_layers, args.model_dtype)
         result.update(bench_e2e(work / "e2e", args))
+        result.update(bench_dump_bytes(work / "bytes", args))
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if shm is not None:

@@ -41,7 +41,9 @@ class HeldEngine:
         self.shutdown_at: float | None = None
         self._lock = threading.Lock()
 
-    def submit(self, rid: str, input_ids: list[int], final_prenorm: bool = False) -> Future[dict[str, Any]]:
+    def submit(
+        self, rid: str, input_ids: list[int], final_prenorm: bool = False, storage: str | None = None
+    ) -> Future[dict[str, Any]]:
         future: Future[dict[str, Any]] = Future()
         if rid.startswith(HEALTH_RID_PREFIX) and self.fail_health:
             future.set_exception(RuntimeError("device lost"))

@@ -195,6 +195,11 @@ class SGLangLaunchConfig(_Strict):
         None, description=f"aux layer ids, 0-based outputs (default: the {DEFAULT_AUX_LAYERS_TEXT})"
     )
     final_prenorm: bool = Field(False, description="also dump the final layer's pre-norm output (speculators format)")
+    storage: Literal["float8_e4m3fn"] | None = Field(
+        None,
+        description="float8_e4m3fn: the hook quantizes every dump per token on the GPU into speculators' FP8 layout "
+        "(half the bytes in /dev/shm and over PCIe); unset: the model's dtype. Every dump's meta.json says which",
+    )
     disable_custom_all_reduce: bool = Field(
         False,
         description="pass --disable-custom-all-reduce: NCCL all-reduce only. Custom all-reduce needs CUDA IPC between "

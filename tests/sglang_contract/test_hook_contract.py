@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from sglang.srt.runtime_context import get_parallel
 
@@ -12,7 +13,9 @@ from hsextract.capture.sglang import hook as sglang_hook
 from hsextract.capture.sglang.launcher import hook_specs
 from hsextract.config import SGLangLaunchConfig
 from hsextract.contract.dumps import dump_state, read_dump, read_error
+from hsextract.contract.fp8 import dequantize, quantize_per_token, relative_frobenius_error
 from hsextract.contract.rids import make_rid
+from hsextract.errors import ConfigError
 
 from .helpers import H, decode_batch, extend_batch
 
@@ -149,3 +152,46 @@ def test_only_the_writer_rank_registers_a_hook(published_server_args, tmp_path: 
     with get_parallel().override(**dp, tp_rank=3, attn_dp_rank=1, attn_tp_rank=1):
         assert sglang_hook.make_hook(config) is None
     sglang_hook._DUMPERS.pop(Path(config["dump_dir"])).sink.close()
+
+
+def test_fp8_storage_quantizes_prenorm_rows_and_assembles_chunks(served, tmp_path: Path) -> None:
+    run = served(specs(tmp_path / "dumps", final_prenorm=True, storage="float8_e4m3fn"))
+    rid, other = make_rid(20, 7), make_rid(21, 2)
+    hidden1, aux1 = states(4)
+    residual1 = torch.randn(4, H)
+    run.forward(extend_batch([rid], [0], [4]), hidden1, aux1, residual=residual1)
+    hidden2, aux2 = states(5, padding=2)
+    residual2 = torch.randn(7, H)
+    run.forward(extend_batch(["warmup_req", other, rid], [0, 0, 4], [0, 2, 3], padding=2), hidden2, aux2, residual=residual2)
+    run.flush()
+    dump = read_dump(tmp_path / "dumps" / rid)
+    assert dump.is_fp8 and dump.meta.final_slot == "prenorm" and dump.meta.extend_passes == 2
+    assert dump.meta.dtype == "float32" and dump.aux_hidden_states is None and dump.final_hidden_state is None
+    prenorm = torch.cat([(hidden1 + residual1), (hidden2 + residual2)[2:5]])
+    aux = torch.cat([aux1, aux2[2:5]]).view(7, K, H)
+    want, want_scales = quantize_per_token(torch.cat([aux, prenorm.unsqueeze(1)], dim=1))
+    assert dump.hidden_states is not None and dump.hidden_states_scales is not None
+    assert torch.equal(dump.hidden_states.view(torch.uint8), want.view(torch.uint8))  # the same arithmetic, per token
+    assert torch.equal(dump.hidden_states_scales, want_scales)
+    assert read_dump(tmp_path / "dumps" / other).hidden_states is not None
+
+
+def test_fp8_storage_with_list_aux_holds_the_post_norm_final(served, tmp_path: Path) -> None:
+    run = served(specs(tmp_path / "dumps", storage="float8_e4m3fn"))
+    rid = make_rid(30, 3)
+    hidden, aux = torch.randn(3, H), [torch.randn(3, H) for _ in range(K)]
+    run.forward(extend_batch([rid], [0], [3]), hidden, aux)
+    run.flush()
+    dump = read_dump(tmp_path / "dumps" / rid)
+    assert dump.meta.final_slot == "postnorm" and not dump.meta.has_final_prenorm
+    assert dump.hidden_states is not None and dump.hidden_states_scales is not None
+    restored = dequantize(dump.hidden_states, dump.hidden_states_scales, torch.float32)
+    assert relative_frobenius_error(restored, torch.stack([*aux, hidden], dim=1)).max < 0.07
+
+
+def test_unknown_storage_is_refused_with_the_fix() -> None:
+    with pytest.raises(ConfigError, match="float8_e4m3fn"):
+        sglang_hook.HookConfig.parse({"dump_dir": "/dev/shm/x", "storage": "int8"})
+    spec = specs(Path("/dev/shm/x"), storage="float8_e4m3fn")[0]
+    assert spec["config"]["storage"] == "float8_e4m3fn"
+    assert "storage" not in specs(Path("/dev/shm/x"))[0]["config"]

@@ -3,7 +3,10 @@
 The one code path between a forward pass and the dump contract, shared by the SGLang hook and
 the embedded server. A forward hands over one extend batch at a time (rows of several requests,
 each request's rows starting at its prefix length); the sink keys rows by (rid, position), and
-when every position of a rid's expected length is present it writes the dump. An assembler thread
+when every position of a rid's expected length is present it writes the dump. Rows of a request
+dumped as FP8 (``contract.fp8``, quantized on the device before the copy) travel in the batch's
+:class:`Fp8Rows` and assemble the same way: the scale is per token, so chunks are independent; one
+batch can carry both kinds of rows, for different requests. An assembler thread
 behind a bounded queue waits for each batch's copy and assembles chunks in submission order; a
 pool of writer threads writes the dumps, several at once, straight from the batch's host rows.
 The forward thread only enqueues.
@@ -25,7 +28,14 @@ import torch
 
 from hsextract.capture.stages import StageClock
 from hsextract.contract.dump_dir import prepare_dump_root
-from hsextract.contract.dumps import DumpSource, write_dump, write_error_marker
+from hsextract.contract.dumps import (
+    FINAL_SLOT_POSTNORM,
+    FINAL_SLOT_PRENORM,
+    DumpSource,
+    write_dump,
+    write_error_marker,
+    write_fp8_dump,
+)
 from hsextract.contract.rids import DEFAULT_PREFIX, parse_rid
 
 log = logging.getLogger(__name__)
@@ -40,6 +50,19 @@ class Segment:
     start_row: int  # first row of this request in the batch tensors
     num_rows: int
     final_prenorm: bool = True  # its dump holds the pre-norm final state (when the batch carries it)
+    # "float8_e4m3fn": the rows are in the batch's Fp8Rows (start_row counts there), and final_prenorm
+    # says which final state their last slot holds; None: the model-dtype rows
+    storage: str | None = None
+
+
+@dataclass(frozen=True)
+class Fp8Rows:
+    """The FP8 rows of one extend batch (``contract.fp8``), in batch order of the FP8 segments."""
+
+    input_ids: torch.Tensor  # [m] int64
+    hidden_states: torch.Tensor  # [m, K+1, H] float8_e4m3fn: aux in layer order, then the final state
+    scales: torch.Tensor  # [m, 1, 1] float32
+    model_dtype: str  # the dtype the model computed in, for meta.json
 
 
 @dataclass
@@ -48,6 +71,8 @@ class ExtendBatch:
 
     ``aux`` is ``[n, K, H]``, ``final`` is ``[n, H]`` (post-norm), ``input_ids`` is ``[n]``;
     ``final_prenorm`` (``[n, H]``, the last layer's output before the final norm) is optional.
+    ``fp8`` holds the rows of the segments with a ``storage`` (the model-dtype tensors then hold
+    only the others' rows, possibly none).
     ``ready`` (a CUDA event or anything with ``synchronize()``) is waited on before reading;
     ``spans`` are ``(stage, start, end)`` CUDA event pairs timed once ``ready`` has passed;
     ``release`` is called once the tensors are no longer needed (returns a pinned buffer), then
@@ -63,15 +88,22 @@ class ExtendBatch:
     release: Callable[[], None] | None = None
     spans: Sequence[tuple[str, Any, Any]] = ()
     on_complete: Callable[[], None] | None = None
+    fp8: Fp8Rows | None = None
+
+
+@dataclass(frozen=True)
+class _Fp8Layout:
+    model_dtype: str
+    final_slot: str
 
 
 @dataclass
 class _Pending:
-    input_ids: torch.Tensor
-    aux: torch.Tensor
-    final: torch.Tensor
+    """A request's rows so far, by name (``input_ids`` and the layout's tensors), each ``[T, ...]``."""
+
+    tensors: dict[str, torch.Tensor]
     filled: torch.Tensor
-    final_prenorm: torch.Tensor | None = None
+    fp8: _Fp8Layout | None
     chunks: int = 0
     first_seen: float = field(default_factory=time.monotonic)
 
@@ -79,10 +111,8 @@ class _Pending:
 @dataclass(frozen=True)
 class _Write:
     rid: str
-    input_ids: torch.Tensor
-    aux: torch.Tensor
-    final: torch.Tensor
-    final_prenorm: torch.Tensor | None
+    tensors: dict[str, torch.Tensor]
+    fp8: _Fp8Layout | None
     chunks: int
 
 
@@ -210,53 +240,74 @@ class DumpSink:
             )
             return None
         rows = slice(seg.start_row, seg.start_row + seg.num_rows)
-        with_prenorm = seg.final_prenorm and batch.final_prenorm is not None
+        if seg.storage is not None:
+            if batch.fp8 is None:
+                self._fail(name, f"segment asks for {seg.storage} storage but its batch carries no FP8 rows (a capture bug)")
+                return None
+            fp8: _Fp8Layout | None = _Fp8Layout(
+                batch.fp8.model_dtype, FINAL_SLOT_PRENORM if seg.final_prenorm else FINAL_SLOT_POSTNORM
+            )
+            parts = {
+                "input_ids": batch.fp8.input_ids[rows],
+                "hidden_states": batch.fp8.hidden_states[rows],
+                "hidden_states_scales": batch.fp8.scales[rows],
+            }
+        else:
+            fp8 = None
+            parts = {"input_ids": batch.input_ids[rows], "aux": batch.aux[rows], "final": batch.final[rows]}
+            if seg.final_prenorm and batch.final_prenorm is not None:
+                parts["final_prenorm"] = batch.final_prenorm[rows]
         if seg.prefix_len == 0 and seg.num_rows == rid.num_tokens:
             # Whole prompt in one pass (the common case): written from the batch's rows, no copy.
-            prenorm = batch.final_prenorm[rows] if with_prenorm and batch.final_prenorm is not None else None
-            return _Write(name, batch.input_ids[rows], batch.aux[rows], batch.final[rows], prenorm, chunks=1)
+            return _Write(name, parts, fp8, chunks=1)
         pending = self._pending.get(name)
         if pending is None:
-            aux_shape = (rid.num_tokens, *batch.aux.shape[1:])
-            width = batch.final.shape[-1]
-            pending = _Pending(
-                input_ids=torch.zeros(rid.num_tokens, dtype=torch.int64),
-                aux=torch.empty(aux_shape, dtype=batch.aux.dtype),
-                final=torch.empty((rid.num_tokens, width), dtype=batch.final.dtype),
-                filled=torch.zeros(rid.num_tokens, dtype=torch.bool),
-                final_prenorm=torch.empty((rid.num_tokens, width), dtype=batch.final.dtype) if with_prenorm else None,
-            )
+            tensors = {key: torch.empty((rid.num_tokens, *t.shape[1:]), dtype=t.dtype) for key, t in parts.items()}
+            pending = _Pending(tensors, filled=torch.zeros(rid.num_tokens, dtype=torch.bool), fp8=fp8)
             self._pending[name] = pending
+        if (pending.fp8 is None) != (fp8 is None):
+            self._fail(name, "request arrived in chunks of both FP8 and model-dtype storage; send it with one storage")
+            return None
         positions = slice(seg.prefix_len, end)
         # Same (rid, position) written twice (a retracted request prefilled again) overwrites
         # with identical values: idempotent.
-        pending.input_ids[positions] = batch.input_ids[rows]
-        pending.aux[positions] = batch.aux[rows]
-        pending.final[positions] = batch.final[rows]
-        if pending.final_prenorm is not None and batch.final_prenorm is not None:
-            pending.final_prenorm[positions] = batch.final_prenorm[rows]
+        for key, target in pending.tensors.items():
+            if key in parts:
+                target[positions] = parts[key]
         pending.filled[positions] = True
         pending.chunks += 1
         if not bool(pending.filled.all()):
             return None
         del self._pending[name]
-        return _Write(name, pending.input_ids, pending.aux, pending.final, pending.final_prenorm, pending.chunks)
+        return _Write(name, pending.tensors, pending.fp8, pending.chunks)
 
     # -- writer threads ---------------------------------------------------------------------------
     def _write(self, write: _Write) -> None:
         started = time.perf_counter()
+        t = write.tensors
         try:
-            write_dump(
-                self.root, write.rid, write.input_ids, write.aux, write.final, self.source, write.final_prenorm, write.chunks
-            )
+            if write.fp8 is not None:
+                write_fp8_dump(
+                    self.root,
+                    write.rid,
+                    t["input_ids"],
+                    t["hidden_states"],
+                    t["hidden_states_scales"],
+                    self.source,
+                    model_dtype=write.fp8.model_dtype,
+                    final_slot=write.fp8.final_slot,
+                    extend_passes=write.chunks,
+                )
+            else:
+                prenorm = t.get("final_prenorm")
+                write_dump(self.root, write.rid, t["input_ids"], t["aux"], t["final"], self.source, prenorm, write.chunks)
         except Exception as exc:  # disk full, permissions: report through the marker, keep serving
             log.error("writing dump %s failed: %s", write.rid, exc)
             self._mark_failed(write.rid, f"writing the dump failed: {exc}")
             return
         self.clock.observe("dump_write", time.perf_counter() - started)
         self.clock.dumps.inc()
-        tensors = (write.input_ids, write.aux, write.final, write.final_prenorm)
-        self.clock.dump_bytes.inc(sum(t.numel() * t.element_size() for t in tensors if t is not None))
+        self.clock.dump_bytes.inc(sum(x.numel() * x.element_size() for x in t.values()))
 
     def _fail(self, rid: str, reason: str) -> None:
         self._pending.pop(rid, None)

@@ -11,6 +11,11 @@ memory bounded when tmpfs is slower than the forward.
 pinned buffer on a side stream that waits for the forward's stream, and returns the
 :class:`ExtendBatch` the :class:`DumpSink` consumes: its ``ready`` event is what the sink's
 thread waits on, so the forward thread never synchronizes with the device.
+
+Rows of requests dumped as FP8 arrive already quantized on the device (:class:`Fp8Rows`: one byte
+per state and a float32 scale per token), so their copy and their pinned buffers are half the size;
+the FP8 buffers are grown only for batches that carry such rows, and the model-dtype path does no
+extra work.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from typing import Any
 
 import torch
 
-from hsextract.capture.dump_sink import ExtendBatch, Segment
+from hsextract.capture.dump_sink import ExtendBatch, Fp8Rows, Segment
+from hsextract.contract.fp8 import FP8_DTYPE
 
 
 class PinnedBuffer:
@@ -31,13 +37,26 @@ class PinnedBuffer:
         self.pin = pin
         self.ids = torch.empty(0, dtype=torch.int64)
         self.aux = self.final = self.prenorm = torch.empty(0)
+        self.fp8_ids = torch.empty(0, dtype=torch.int64)
+        self.fp8 = torch.empty(0, dtype=FP8_DTYPE)
+        self.scales = torch.empty(0, dtype=torch.float32)
 
-    def ensure(self, tokens: int, num_aux: int, hidden: int, dtype: torch.dtype, prenorm: bool) -> None:
-        """Grow (never shrink) to hold ``tokens`` rows of ``num_aux`` + 1 states (+1 with ``prenorm``)."""
+    def ensure(self, tokens: int, num_aux: int, hidden: int, dtype: torch.dtype, prenorm: bool, fp8_tokens: int = 0) -> None:
+        """Grow (never shrink) to hold ``tokens`` rows of ``num_aux`` + 1 states (+1 with ``prenorm``),
+        and ``fp8_tokens`` FP8 rows of ``num_aux`` + 1 states with their scales."""
         # Normal tensors even when first grown inside a forward's inference mode: an inference
         # tensor could not be written to by a later call from outside it.
         with torch.inference_mode(False):
             self._grow(tokens, num_aux, hidden, dtype, prenorm)
+            if fp8_tokens:
+                self._grow_fp8(fp8_tokens, (num_aux + 1) * hidden)
+
+    def _grow_fp8(self, tokens: int, per_token: int) -> None:
+        if self.fp8_ids.numel() < tokens:
+            self.fp8_ids = torch.empty(tokens, dtype=torch.int64, pin_memory=self.pin)
+            self.scales = torch.empty(tokens, dtype=torch.float32, pin_memory=self.pin)
+        if self.fp8.numel() < tokens * per_token:
+            self.fp8 = torch.empty(tokens * per_token, dtype=FP8_DTYPE, pin_memory=self.pin)
 
     def _grow(self, tokens: int, num_aux: int, hidden: int, dtype: torch.dtype, prenorm: bool) -> None:
         states = tokens * hidden
@@ -63,7 +82,9 @@ class PinnedPool:
     def slots(self) -> int:
         return self._slots
 
-    def acquire(self, tokens: int, num_aux: int, hidden: int, dtype: torch.dtype, prenorm: bool = False) -> PinnedBuffer:
+    def acquire(
+        self, tokens: int, num_aux: int, hidden: int, dtype: torch.dtype, prenorm: bool = False, fp8_tokens: int = 0
+    ) -> PinnedBuffer:
         with self._cond:
             while not self._free and self._created >= self._slots:
                 self._cond.wait()
@@ -73,7 +94,7 @@ class PinnedPool:
                 self._created += 1
                 buffer = PinnedBuffer(self._pin)
         try:
-            buffer.ensure(tokens, num_aux, hidden, dtype, prenorm)
+            buffer.ensure(tokens, num_aux, hidden, dtype, prenorm, fp8_tokens)
         except BaseException:
             self.release(buffer)
             raise
@@ -84,9 +105,11 @@ class PinnedPool:
             self._free.append(buffer)
             self._cond.notify()
 
-    def reserve(self, tokens: int, num_aux: int, hidden: int, dtype: torch.dtype, prenorm: bool = False) -> None:
+    def reserve(
+        self, tokens: int, num_aux: int, hidden: int, dtype: torch.dtype, prenorm: bool = False, fp8_tokens: int = 0
+    ) -> None:
         """Allocate every slot at this size now, so no forward waits for pinning later."""
-        buffers = [self.acquire(tokens, num_aux, hidden, dtype, prenorm) for _ in range(self._slots)]
+        buffers = [self.acquire(tokens, num_aux, hidden, dtype, prenorm, fp8_tokens) for _ in range(self._slots)]
         for buffer in buffers:
             self.release(buffer)
 
@@ -115,8 +138,10 @@ class HostCopier:
         *,
         private: bool = False,
         spans: Sequence[tuple[str, Any, Any]] = (),
+        fp8: Fp8Rows | None = None,
     ) -> ExtendBatch:
-        """``input_ids [n]``, ``final [n, H]``, ``aux [n, K, H]``, ``prenorm [n, H]``, rows in batch order.
+        """``input_ids [n]``, ``final [n, H]``, ``aux [n, K, H]``, ``prenorm [n, H]``, rows in batch order;
+        ``fp8`` the rows of the FP8 segments (on the same device), copied as they are.
 
         On a CUDA device the copies are queued on a side stream after everything queued so far on
         the current stream; the batch's ``ready`` event marks their end. On the CPU, ``private``
@@ -128,9 +153,17 @@ class HostCopier:
         if aux.dim() != 3 or int(aux.shape[0]) != n or int(aux.shape[2]) != int(final.shape[-1]):
             raise ValueError(f"aux must be [n, K, H] with n={n}, H={final.shape[-1]}; got {tuple(aux.shape)}")
         if private and not final.is_cuda:
-            return ExtendBatch(segments, input_ids.cpu(), aux, final, prenorm, spans=spans)
+            if fp8 is not None:
+                fp8 = Fp8Rows(fp8.input_ids.cpu(), fp8.hidden_states, fp8.scales, fp8.model_dtype)
+            return ExtendBatch(segments, input_ids.cpu(), aux, final, prenorm, spans=spans, fp8=fp8)
         num_aux, width = int(aux.shape[1]), int(final.shape[-1])
-        buffer = self.pool.acquire(n, num_aux, width, final.dtype, prenorm=prenorm is not None)
+        fp8_tokens = 0
+        if fp8 is not None:
+            fp8_tokens = int(fp8.hidden_states.shape[0])
+            if tuple(fp8.hidden_states.shape[1:]) != (num_aux + 1, width) or fp8.hidden_states.dtype != FP8_DTYPE:
+                got = f"{fp8.hidden_states.dtype} {tuple(fp8.hidden_states.shape)}"
+                raise ValueError(f"fp8 hidden_states must be [m, {num_aux + 1}, {width}] {FP8_DTYPE}; got {got}")
+        buffer = self.pool.acquire(n, num_aux, width, final.dtype, prenorm=prenorm is not None, fp8_tokens=fp8_tokens)
         states = n * width
         ids_host = buffer.ids[:n]
         aux_host = buffer.aux[: states * num_aux].view(n, num_aux, width)
@@ -139,6 +172,19 @@ class HostCopier:
         pairs = [(ids_host, input_ids), (aux_host, aux), (final_host, final)]
         if prenorm is not None and prenorm_host is not None:
             pairs.append((prenorm_host, prenorm))
+        fp8_host: Fp8Rows | None = None
+        if fp8 is not None:
+            fp8_host = Fp8Rows(
+                buffer.fp8_ids[:fp8_tokens],
+                buffer.fp8[: fp8_tokens * (num_aux + 1) * width].view(fp8_tokens, num_aux + 1, width),
+                buffer.scales[:fp8_tokens].view(fp8_tokens, 1, 1),
+                fp8.model_dtype,
+            )
+            pairs += [
+                (fp8_host.input_ids, fp8.input_ids),
+                (fp8_host.hidden_states, fp8.hidden_states),
+                (fp8_host.scales, fp8.scales),
+            ]
         ready: Any = None
         try:
             if final.is_cuda:
@@ -158,6 +204,7 @@ class HostCopier:
             ready=ready,
             release=lambda: self.pool.release(buffer),
             spans=spans,
+            fp8=fp8_host,
         )
 
     def _copy_on_side_stream(

@@ -68,7 +68,9 @@ class ServedEngine(Protocol):
     model_path: Path
     clock: StageClock  # its registry is what /metrics shows
 
-    def submit(self, rid: str, input_ids: list[int], final_prenorm: bool = False) -> Future[dict[str, Any]]: ...
+    def submit(
+        self, rid: str, input_ids: list[int], final_prenorm: bool = False, storage: str | None = None
+    ) -> Future[dict[str, Any]]: ...
 
     def info_json(self) -> dict[str, Any]: ...
 
@@ -140,7 +142,7 @@ class _Routes:
             parsed = GenerateRequest.parse(json.loads(data or b"null"), self.engine.vocab_size)
         except (ValueError, BadRequestError) as exc:  # ValueError: not JSON, not UTF-8
             return _error(400, str(exc))
-        future = self.engine.submit(parsed.rid, parsed.input_ids, final_prenorm=parsed.final_prenorm)
+        future = self.engine.submit(parsed.rid, parsed.input_ids, final_prenorm=parsed.final_prenorm, storage=parsed.storage)
         try:
             return JSONResponse(await self.drain.wait(future, GENERATE_TIMEOUT_S))
         except ShuttingDown:

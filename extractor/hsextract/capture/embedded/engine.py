@@ -11,6 +11,11 @@ the device, queues their copy into a pinned buffer on a side stream, hands the b
 and launches the next forward, which overlaps the previous copy and the dump writes. It keeps at
 most two forwards queued on the device (it waits for the older one's own event), so the next batch
 is formed from the freshest queue. A request is answered once its dump is written.
+
+A request that asks for FP8 storage (``hsextract_storage``) has its rows stacked ``[aux..., final]``
+(the pre-norm final when it asked for it) and quantized per token on the device (``contract.fp8``),
+so only FP8 bytes and scales are copied to the host. One forward can mix FP8 and model-dtype
+requests: each kind's rows are gathered apart and travel in the same batch to the sink.
 """
 
 from __future__ import annotations
@@ -30,13 +35,14 @@ from typing import Any
 import torch
 
 from hsextract import __version__
-from hsextract.capture.dump_sink import DumpSink, ExtendBatch, Segment
+from hsextract.capture.dump_sink import DumpSink, ExtendBatch, Fp8Rows, Segment
 from hsextract.capture.embedded.batching import padded_tokens, pick_batch
 from hsextract.capture.pinned import HostCopier
 from hsextract.capture.stages import StageClock
 from hsextract.config import ServeConfig
 from hsextract.contract.dump_dir import prepare_dump_root
 from hsextract.contract.dumps import DumpSource
+from hsextract.contract.fp8 import quantize_per_token
 from hsextract.contract.generate import GenerateAnswer
 from hsextract.contract.layers import capture_indices, resolve_aux_layer_ids
 from hsextract.contract.model_fingerprint import model_fingerprint
@@ -55,6 +61,7 @@ class EngineRequest:
     rid: str
     input_ids: list[int]
     final_prenorm: bool = False  # dump the pre-norm final state too (the request asked for it)
+    storage: str | None = None  # "float8_e4m3fn": quantize on the device, dump the FP8 layout
     future: Future[dict[str, Any]] = field(default_factory=Future)
     done_tokens: int = 0
     cache: Any = None
@@ -70,6 +77,7 @@ class _Rows:
     aux: torch.Tensor  # [n, K, H]
     final: torch.Tensor  # [n, H]
     prenorm: torch.Tensor | None  # [n, H]
+    fp8: Fp8Rows | None = None  # the rows of the FP8 requests (their segments count rows there)
 
 
 class Engine:
@@ -165,6 +173,7 @@ class Engine:
             engine_version=__version__,
             rid_prefix=self.rid_prefix,
             final_prenorm_per_request=True,
+            fp8_per_request=True,
         )
 
     def info_json(self) -> dict[str, Any]:
@@ -187,9 +196,11 @@ class Engine:
         return str((self.config.architectures or [type(self.model).__name__])[0])
 
     # -- API --------------------------------------------------------------------------------------
-    def submit(self, rid: str, input_ids: list[int], final_prenorm: bool = False) -> Future[dict[str, Any]]:
+    def submit(
+        self, rid: str, input_ids: list[int], final_prenorm: bool = False, storage: str | None = None
+    ) -> Future[dict[str, Any]]:
         """Queue one prompt; the future resolves once its forward ran and its dump (if any) is written."""
-        request = EngineRequest(rid=rid, input_ids=input_ids, final_prenorm=final_prenorm)
+        request = EngineRequest(rid=rid, input_ids=input_ids, final_prenorm=final_prenorm, storage=storage)
         self._inbox.put(request)
         return request.future
 
@@ -290,26 +301,41 @@ class Engine:
         self.clock.observe("launch", time.perf_counter() - began)
         states, prenorm = out.hidden_states, self._prenorm
         self._prenorm = None
-        segments, row = [], 0
-        for request, length in zip(requests, lengths, strict=True):
-            segments.append(Segment(request.rid, 0, row, length, final_prenorm=request.final_prenorm))
-            row += length
-        index: torch.Tensor | None = None  # None: no padding, every row is real
-        if any(length != longest for length in lengths):
-            positions = [i * longest + p for i, length in enumerate(lengths) for p in range(length)]
-            index = torch.tensor(positions, dtype=torch.int64, pin_memory=self.cuda).to(self.device, non_blocking=True)
+        plain = [i for i, r in enumerate(requests) if r.storage is None]
+        fp8 = [i for i, r in enumerate(requests) if r.storage is not None]
+        segments: list[Segment] = []
+        for members in (plain, fp8):
+            row = 0
+            for i in members:
+                request = requests[i]
+                segments.append(Segment(request.rid, 0, row, lengths[i], request.final_prenorm, request.storage))
+                row += lengths[i]
 
-        def rows(tensor: torch.Tensor) -> torch.Tensor:
-            flat = tensor.reshape(count * longest, -1)
-            return flat if index is None else flat.index_select(0, index)
+        def picker(members: list[int]) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]:
+            """The rows of ``members`` (request indexes) from a padded ``[count, longest, ...]`` tensor."""
+            index: torch.Tensor | None = None  # None: every row is real and wanted
+            if len(members) != count or any(length != longest for length in lengths):
+                positions = [i * longest + p for i in members for p in range(lengths[i])]
+                index = torch.tensor(positions, dtype=torch.int64, pin_memory=self.cuda).to(self.device, non_blocking=True)
 
-        flat_ids = ids.reshape(-1) if index is None else torch.cat([ids[i, :length] for i, length in enumerate(lengths)])
-        self._emit(
-            _Rows(segments, flat_ids, *self._gather(rows, states, prenorm, any(r.final_prenorm for r in requests))),
-            requests,
-            began,
-            started,
-        )
+            def rows(tensor: torch.Tensor) -> torch.Tensor:
+                flat = tensor.reshape(count * longest, -1)
+                return flat if index is None else flat.index_select(0, index)
+
+            flat_ids = ids.reshape(-1) if index is None else torch.cat([ids[i, : lengths[i]] for i in members])
+            return rows, flat_ids
+
+        if plain:
+            rows, flat_ids = picker(plain)
+            gathered = self._gather(rows, states, prenorm, any(requests[i].final_prenorm for i in plain))
+        else:
+            flat_ids, gathered = ids.new_empty(0), self._no_rows(states[-1])
+        fp8_rows = None
+        if fp8:
+            rows, fp8_ids = picker(fp8)
+            slots = [requests[i].final_prenorm for i in fp8 for _ in range(lengths[i])]
+            fp8_rows = self._gather_fp8(rows, fp8_ids, states, prenorm, slots)
+        self._emit(_Rows(segments, flat_ids, *gathered, fp8=fp8_rows), requests, began, started)
 
     @torch.inference_mode()
     def _forward_chunk(self, requests: list[EngineRequest]) -> None:
@@ -337,15 +363,21 @@ class Engine:
         )
         states, prenorm = out.hidden_states, self._prenorm
         self._prenorm = None
-        segment = Segment(request.rid, start, 0, n, final_prenorm=request.final_prenorm)
-        gathered = self._gather(lambda t: t.reshape(n, -1), states, prenorm, request.final_prenorm)
+        segment = Segment(request.rid, start, 0, n, request.final_prenorm, request.storage)
+        fp8_rows = None
+        if request.storage is None:
+            gathered = self._gather(lambda t: t.reshape(n, -1), states, prenorm, request.final_prenorm)
+        else:
+            gathered = self._no_rows(states[-1])
+            fp8_rows = self._gather_fp8(lambda t: t.reshape(n, -1), ids, states, prenorm, [request.final_prenorm] * n)
         request.done_tokens = end
         last = end >= len(request.input_ids)
         if last:
             request.cache = None
         else:
             self._chunking.append(request)
-        self._emit(_Rows([segment], ids, *gathered), requests if last else [], began, started)
+        plain_ids = ids if fp8_rows is None else ids.new_empty(0)
+        self._emit(_Rows([segment], plain_ids, *gathered, fp8=fp8_rows), requests if last else [], began, started)
 
     def _throwaway_cache(self) -> Any:
         """An empty KV cache for a whole-prompt forward. Without a cache (and without a mask),
@@ -364,6 +396,34 @@ class Engine:
         if with_prenorm and prenorm is None:
             raise RuntimeError("the pre-norm hook on the model's final norm did not run")
         return aux, final, rows(prenorm) if with_prenorm else None
+
+    def _gather_fp8(
+        self,
+        rows: Callable[[torch.Tensor], torch.Tensor],
+        input_ids: torch.Tensor,
+        states: Sequence[torch.Tensor],
+        prenorm: Any,
+        prenorm_slot: list[bool],
+    ) -> Fp8Rows:
+        """``[aux..., final]`` stacked ``[m, K+1, H]`` on the device and quantized per token there; the
+        last slot of row ``r`` is the pre-norm final state when ``prenorm_slot[r]``, else the post-norm one."""
+        final = rows(states[-1])
+        if any(prenorm_slot):
+            if prenorm is None:
+                raise RuntimeError("the pre-norm hook on the model's final norm did not run")
+            before = rows(prenorm)
+            if all(prenorm_slot):
+                final = before
+            else:
+                mask = torch.tensor(prenorm_slot, dtype=torch.bool, pin_memory=self.cuda).to(self.device, non_blocking=True)
+                final = torch.where(mask.unsqueeze(1), before, final)
+        hidden, scales = quantize_per_token(torch.stack([*(rows(states[c]) for c in self.capture), final], dim=1))
+        return Fp8Rows(input_ids, hidden, scales, str(self.dtype).removeprefix("torch."))
+
+    def _no_rows(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        """Empty model-dtype rows, for a forward whose requests are all FP8."""
+        width = int(like.shape[-1])
+        return like.new_empty((0, len(self.capture), width)), like.new_empty((0, width)), None
 
     def _mark(self) -> tuple[float, Any]:
         """Host time now and, on a GPU, an event recorded on the current stream."""
@@ -400,7 +460,7 @@ class Engine:
             complete()
             return
         batch: ExtendBatch = self.copier.copy(
-            rows.segments, rows.input_ids, rows.final, rows.aux, rows.prenorm, private=True, spans=spans
+            rows.segments, rows.input_ids, rows.final, rows.aux, rows.prenorm, private=True, spans=spans, fp8=rows.fp8
         )
         batch.on_complete = complete
         self.sink.submit(batch)

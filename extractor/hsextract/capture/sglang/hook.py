@@ -17,7 +17,11 @@ On every extend pass the hook takes the first ``sum(extend_seq_lens_cpu)`` rows 
 padding), copies the rows of extractor rids (a list-form aux stacked on the device first) into a
 reusable pinned buffer on a side stream through the :class:`HostCopier` the embedded engine uses too,
 and hands the batch to the :class:`DumpSink`, whose threads assemble chunks by (rid, position) and
-write the dumps. The forward thread is held for launching the copy only. Nothing here ever raises into the
+write the dumps. With ``storage: float8_e4m3fn`` in the config every dumped request's rows are stacked
+``[aux..., final]`` (the pre-norm final with ``final_prenorm``) and quantized per token on the device
+(``contract.fp8``) before the copy: SGLang does not pass custom ``/generate`` keys to the hook, so the
+storage is the server's, and each dump's meta.json ``storage_dtype`` tells the extractor.
+The forward thread is held for launching the copy only. Nothing here ever raises into the
 server's forward: a failure is logged and leaves an ``error`` marker for the extractor to retry.
 """
 
@@ -33,10 +37,11 @@ from typing import Any
 
 import torch
 
-from hsextract.capture.dump_sink import DumpSink, Segment
+from hsextract.capture.dump_sink import DumpSink, Fp8Rows, Segment
 from hsextract.capture.pinned import HostCopier
 from hsextract.capture.stages import StageClock
 from hsextract.contract.dumps import DumpSource, write_error_marker
+from hsextract.contract.fp8 import STORAGES, quantize_per_token
 from hsextract.contract.layers import capture_indices
 from hsextract.contract.model_fingerprint import model_fingerprint
 from hsextract.contract.rids import DEFAULT_PREFIX, check_prefix, parse_rid
@@ -56,6 +61,7 @@ class HookConfig:
     queue_size: int = 4  # extend batches copied and waiting for the writer threads
     dump_writers: int = 4  # threads writing dumps in parallel
     final_prenorm: bool = False  # expect make_prenorm_hook on model.norm as well
+    storage: str | None = None  # "float8_e4m3fn": every dump in speculators' FP8 layout, quantized on the device
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> HookConfig:
@@ -66,6 +72,12 @@ class HookConfig:
         if not raw.get("dump_dir"):
             raise ConfigError("hsextract hook config needs dump_dir (the extractor's dump root, on tmpfs)")
         layer_ids = raw.get("layer_ids")
+        storage = raw.get("storage")
+        if storage is not None and storage not in STORAGES:
+            raise ConfigError(
+                f"hsextract hook config storage {storage!r} is not one the hook writes: leave it out (the model's dtype) "
+                f"or set {STORAGES[0]!r}"
+            )
         return cls(
             dump_dir=Path(raw["dump_dir"]),
             rid_prefix=check_prefix(str(raw.get("rid_prefix", DEFAULT_PREFIX))),
@@ -74,6 +86,7 @@ class HookConfig:
             queue_size=int(raw.get("queue_size", 4)),
             dump_writers=int(raw.get("dump_writers", 4)),
             final_prenorm=bool(raw.get("final_prenorm", False)),
+            storage=storage,
         )
 
 
@@ -190,6 +203,9 @@ class HiddenStateDumper:
         if self.config.layer_ids is not None and num_aux != len(self.config.layer_ids):
             configured = list(self.config.layer_ids)
             raise RuntimeError(f"the server captures {num_aux} aux layers, the hook is configured for {configured}")
+        if self.config.storage is not None:
+            self._submit_fp8(wanted, low, high, input_ids, hidden, aux, prenorm)
+            return
         if isinstance(aux, torch.Tensor):  # DeepSeek packs them [n, K*H]: a view, no copy
             aux_rows = aux[low:high].reshape(rows, num_aux, width)
         else:  # a list of K [n, H]: stacked on the device, so the host gets one copy instead of K
@@ -202,6 +218,34 @@ class HiddenStateDumper:
                 aux_rows,
                 None if prenorm is None else prenorm[low:high],
             )
+        )
+
+    def _submit_fp8(
+        self,
+        wanted: Sequence[Segment],
+        low: int,
+        high: int,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        aux: torch.Tensor | Sequence[torch.Tensor],
+        prenorm: torch.Tensor | None,
+    ) -> None:
+        """Stack ``[aux..., final]`` for rows ``low:high`` on the device, quantize per token there, and
+        copy only the FP8 bytes and scales."""
+        rows, width = high - low, int(hidden.shape[-1])
+        final = (hidden if prenorm is None else prenorm)[low:high]
+        if isinstance(aux, torch.Tensor):
+            stacked = torch.cat([aux[low:high].reshape(rows, -1, width), final.unsqueeze(1)], dim=1)
+        else:
+            stacked = torch.stack([*(a[low:high] for a in aux), final], dim=1)
+        quantized, scales = quantize_per_token(stacked)
+        fp8 = Fp8Rows(input_ids[low:high], quantized, scales, str(hidden.dtype).removeprefix("torch."))
+        empty = hidden.new_empty((0, width))
+        segments = [
+            Segment(s.rid, s.prefix_len, s.start_row - low, s.num_rows, prenorm is not None, self.config.storage) for s in wanted
+        ]
+        self.sink.submit(
+            self.copier.copy(segments, input_ids.new_empty(0), empty, empty.reshape(0, stacked.shape[1] - 1, width), fp8=fp8)
         )
 
     def _report(self, exc: Exception, wanted: Sequence[Segment]) -> None:

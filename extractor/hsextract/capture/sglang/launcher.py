@@ -134,6 +134,8 @@ def hook_specs(config: SGLangLaunchConfig, aux_layer_ids: list[int]) -> list[dic
         "dump_writers": config.hook_dump_writers,
         "final_prenorm": config.final_prenorm,
     }
+    if config.storage is not None:  # absent otherwise: the hook config of a model-dtype server is as before
+        hook_config["storage"] = config.storage
     specs = [
         {
             "name": "hsextract_dump",
