@@ -133,7 +133,7 @@ def establish_identity(
         dataset=DatasetIdentity(str(scan.path), scan.fingerprint, scan.total_rows),
     )
     recorded = read_identity(cfg.output)
-    _refuse_mixed_storage(cfg, recorded)
+    _refuse_mixed_storage(cfg, recorded, current.stored_dtype)
     if recorded is None:
         try:
             legacy = read_data_config(cfg.output)
@@ -153,7 +153,7 @@ def establish_identity(
     return identity
 
 
-def _refuse_mixed_storage(cfg: ExtractConfig, recorded: OutputIdentity | None) -> None:
+def _refuse_mixed_storage(cfg: ExtractConfig, recorded: OutputIdentity | None, stored: str | None) -> None:
     """FP8 and model-dtype rows never share an output (a trainer reads one storage per output)."""
     if recorded is None or recorded.stored_dtype is None:
         return
@@ -162,7 +162,7 @@ def _refuse_mixed_storage(cfg: ExtractConfig, recorded: OutputIdentity | None) -
         fix = f"pass --storage {FP8_STORAGE}" if was_fp8 else "drop --storage (or pass --storage auto)"
         raise IdentityMismatchError(
             f"output {cfg.output} stores {recorded.stored_dtype} states but this run would store "
-            f"{cfg.storage if cfg.fp8 else 'the model dtype'}: FP8 and unquantized rows never share an output. Nothing "
+            f"{stored or 'the model dtype'}: FP8 and unquantized rows never share an output. Nothing "
             f"was sent; {fix} to resume it, or use a new --output (what the output holds: {cfg.output / IDENTITY_FILE})"
         )
 
