@@ -47,8 +47,8 @@ def dataset(tmp_path: Path) -> Path:
 
 def test_fp8_output_is_the_bf16_output_within_fp8_rounding_at_half_the_bytes(server, dataset: Path, tmp_path: Path) -> None:
     bf16_out, fp8_out = tmp_path / "bf16", tmp_path / "fp8"
-    assert run_extraction(server.url, dataset, bf16_out, **BF16).status == "complete"
-    summary = run_extraction(server.url, dataset, fp8_out, **FP8)
+    assert run_extraction(server.url, dataset, bf16_out, None, **BF16).status == "complete"
+    summary = run_extraction(server.url, dataset, fp8_out, None, **FP8)
     assert summary.status == "complete" and summary.total_samples == 8
     assert any("--hidden-states-backend fp8" in line for line in summary.hints), summary.hints
     bf16_fmt, fp8_fmt = open_format("speculators", bf16_out), open_format("speculators", fp8_out)
@@ -124,7 +124,7 @@ def test_a_merge_of_fp8_and_bf16_shards_is_refused_with_nothing_written(server, 
     shards = []
     for index, settings in enumerate((FP8, BF16)):
         out = tmp_path / f"shard{index}"
-        assert run_extraction(server.url, dataset, out, shard_index=index, num_shards=2, **settings).status == "complete"
+        assert run_extraction(server.url, dataset, out, None, shard_index=index, num_shards=2, **settings).status == "complete"
         shards.append(out)
     with pytest.raises(MergeError, match="FP8 and unquantized shards never merge") as caught:
         merge_outputs(shards, tmp_path / "merged")
