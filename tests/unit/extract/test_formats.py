@@ -73,3 +73,21 @@ def test_bytes_per_token_from_the_stored_dtype_and_unknown_dtypes_refused() -> N
     assert specforge.bytes_per_token(3, 64, "float32") == 4 * 64 * 4 + 16
     with pytest.raises(ConfigError, match="'int4'"):
         specforge.bytes_per_token(3, 64, "int4")
+
+
+def test_storage_belongs_to_the_format() -> None:
+    from hsextract.contract.fp8 import FP8_STORAGE, STORAGES
+
+    assert get_args(ExtractConfig.model_fields["storage"].annotation) == ("auto", *STORAGES)
+    speculators, specforge = format_class("speculators"), format_class("specforge")
+    assert speculators.storages == (FP8_STORAGE,) and specforge.storages == ()
+    with pytest.raises(ConfigError, match="SpecForge has no FP8 reader: use --format speculators with --storage float8_e4m3fn"):
+        ExtractConfig(dataset=Path("d"), output=Path("o"), storage=FP8_STORAGE)
+    assert ExtractConfig(dataset=Path("d"), output=Path("o"), format="speculators", storage=FP8_STORAGE).fp8
+    assert speculators.stored_dtype_for("bfloat16", FP8_STORAGE) == FP8_STORAGE
+    assert speculators.bytes_per_token(3, 7168, FP8_STORAGE) == 4 * 7168 + 4 + 16  # half of bf16's, plus a scale
+    serving = sglang_serving(ModelFamily.LLAMA, [1, 15, 28], 32)
+    assert speculators.trainer_settings(serving, 10, FP8_STORAGE)["flags"]["--hidden-states-backend"] == "fp8"
+    assert "--hidden-states-backend" not in speculators.trainer_settings(serving, 10, "bfloat16")["flags"]
+    assert speculators.quantization("bfloat16") is None and specforge.quantization(FP8_STORAGE) is None
+    assert speculators.quantization(FP8_STORAGE) is not None
