@@ -12,7 +12,7 @@ import os
 import types
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -21,6 +21,13 @@ from hsextract.contract import defaults
 from hsextract.contract.layers import DEFAULT_AUX_LAYERS_TEXT
 from hsextract.contract.rids import check_prefix
 from hsextract.errors import ConfigError
+from hsextract.extract.formats import DEFAULT_FORMAT, FORMAT_NAMES
+
+if TYPE_CHECKING:
+    FormatName = str
+else:
+    #: the output formats' names, from their registry (hsextract.extract.formats): one choice per format
+    FormatName = Literal[FORMAT_NAMES]
 
 
 class _Strict(BaseModel):
@@ -47,7 +54,13 @@ class ExtractConfig(_Strict):
     dump_dir: Path | None = Field(
         None, description="where the server writes dumps (default: the one the server reports in /server_info)"
     )
-    format: Literal["specforge", "speculators"] = Field("specforge", description="output layout")
+    format: FormatName = Field(DEFAULT_FORMAT, description="output layout: " + ", ".join(FORMAT_NAMES))
+    storage: Literal["auto", "float8_e4m3fn"] = Field(
+        "auto",
+        description="how the hidden states are stored: auto, the model's dtype (specforge: bfloat16); float8_e4m3fn, FP8 "
+        "with one float32 scale per token as hs-connectors 0.9.0 (speculators format only; train with "
+        "--hidden-states-backend fp8): half the bytes",
+    )
     layer_ids: list[int] | None = Field(
         None, description=f"aux layer ids, 0-based outputs (default: the server's, else the {DEFAULT_AUX_LAYERS_TEXT})"
     )
@@ -114,6 +127,18 @@ class ExtractConfig(_Strict):
         if self.shard_index >= self.num_shards:
             raise ValueError(f"shard_index {self.shard_index} must be below num_shards {self.num_shards}")
         return self
+
+    @model_validator(mode="after")
+    def _storage(self) -> ExtractConfig:
+        # the format owns what it can store; a ConfigError (not a validation error) carries its own fix
+        from hsextract.extract.formats import format_class
+
+        format_class(self.format).check_storage(self.storage)
+        return self
+
+    @property
+    def fp8(self) -> bool:
+        return self.storage != "auto"
 
 
 class ServeConfig(_Strict):

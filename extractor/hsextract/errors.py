@@ -18,7 +18,8 @@
         ├── BadRequestError       the server refuses one request (the embedded server's HTTP 400)
         └── DumpError             a hidden-state dump is missing, malformed or does not match
             ├── LayerMismatchError  the server captures other layers: every further dump would be wrong
-            └── ModelMismatchError  the dump comes from another model than the output's
+            ├── ModelMismatchError  the dump comes from another model than the output's
+            └── StorageMismatchError the dump is stored as FP8 and the output is not, or the reverse
 
 Every message says what was wrong, with the value, and what to do about it.
 
@@ -138,6 +139,14 @@ class LayerMismatchError(DumpError):
 
 class ModelMismatchError(DumpError):
     """A dump was written by another model than the output's (the server was restarted on another checkpoint)."""
+
+    fatal = True
+    retryable = False
+
+
+class StorageMismatchError(DumpError):
+    """A dump's storage (FP8 or the model's dtype) is not the output's: the server is configured for the
+    other one, so every further dump would be too."""
 
     fatal = True
     retryable = False

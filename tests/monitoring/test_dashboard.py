@@ -68,6 +68,11 @@ def test_every_panel_the_issue_asks_for_is_there() -> None:
     titles = " ".join(p["title"].lower() for p in dashboard_panels())
     for what, metric in REQUIRED.items():
         assert metric in queries, f"no panel queries {metric} ({what})"
+    # bf16 and FP8 outputs (--storage float8_e4m3fn) differ by half here: the storage shows on the dashboard
+    assert (
+        "rate(hsextract_output_bytes_total" in queries
+        and ") / sum by (instance, container) (rate(hsextract_tokens_total" in queries
+    )
     for word in (
         "samples/s",
         "tokens/s",
@@ -85,6 +90,7 @@ def test_every_panel_the_issue_asks_for_is_there() -> None:
         "server up",
         "prompt throughput",
         "queue",
+        "bytes per token",
     ):
         assert word in titles, f"no panel titled with {word!r}"
 

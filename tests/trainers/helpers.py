@@ -79,12 +79,12 @@ def add_checkpoint_index(model: Path) -> None:
 
 @pytest.fixture(scope="session")
 def output(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    made: dict[tuple[str, str, str], Output] = {}
+    made: dict[tuple[str, str, str, str], Output] = {}
     models: dict[str, Path] = {}
     dataset = write_dataset(tmp_path_factory.mktemp("data") / "data.jsonl")
 
-    def get(arch: str, fmt: str, layers: str = "default") -> Output:
-        key = (arch, fmt, layers)
+    def get(arch: str, fmt: str, layers: str = "default", storage: str = "auto") -> Output:
+        key = (arch, fmt, layers, storage)
         if key not in made:
             if arch not in models:
                 models[arch] = make_tiny_model(
@@ -92,11 +92,17 @@ def output(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
                 )
                 add_checkpoint_index(models[arch])
             layer_ids = None if layers == "default" else [int(i) for i in layers.split(",")]
-            root = tmp_path_factory.mktemp(f"out-{arch}-{fmt}")
+            root = tmp_path_factory.mktemp(f"out-{arch}-{fmt}-{storage}")
             server = RunningServer.start(models[arch], root / "dumps", layer_ids=layer_ids)
             try:
                 summary = run_extraction(
-                    server.url, dataset, root / "out", format=fmt, max_seq_len=MAX_SEQ_LEN, layer_ids=layer_ids
+                    server.url,
+                    dataset,
+                    root / "out",
+                    format=fmt,
+                    max_seq_len=MAX_SEQ_LEN,
+                    layer_ids=layer_ids,
+                    storage=storage,
                 )
             finally:
                 server.stop()

@@ -71,3 +71,13 @@ def test_the_filters_ansible_sees() -> None:
     filters = budget.FilterModule().filters()
     assert filters["hsx_shm_size_mb"] is budget.hsx_shm_size_mb
     assert {"hsx_shm_bytes_per_token", "hsx_shm_budget_bytes"} <= set(filters)
+
+
+def test_fp8_dumps_take_their_real_bytes() -> None:
+    # K + 1 slots of one byte (the pre-norm final state in the last) and a float32 scale per token
+    assert budget.hsx_shm_bytes_per_token(7168, 3, "speculators", "float8_e4m3fn") == 4 * 7168 + 4
+    bf16 = budget.hsx_shm_bytes_per_token(7168, 3, "speculators", "bfloat16")
+    assert budget.hsx_shm_bytes_per_token(7168, 3, "speculators", "float8_e4m3fn") / bf16 < 0.41
+    assert budget.hsx_shm_size_mb(256, 4096, 7168, 3, "speculators", "float8_e4m3fn", 2.0, 1024) == 57_352
+    with pytest.raises(ValueError, match="has no FP8 reader"):
+        budget.hsx_shm_bytes_per_token(7168, 3, "specforge", "float8_e4m3fn")

@@ -52,12 +52,11 @@ def read_output_layers(output: Path, family: str | None = None) -> OutputLayers:
     config = read_data_config(Path(output))
     if config is None:
         raise OutputError(f"{output} has no data_config.json; give the output directory of hsextract extract")
-    recorded = (config.get("model") or {}).get("family")
-    chosen = family or recorded
+    chosen = family or config.model.family
     return OutputLayers(
         output=Path(output),
-        aux_layer_ids=[int(i) for i in config["aux_layer_ids"]],
-        num_layers=int(config["num_hidden_layers"]),
+        aux_layer_ids=list(config.aux_layer_ids),
+        num_layers=config.num_hidden_layers,
         family=None if chosen is None else parse_family(str(chosen)),
     )
 

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hsextract.contract.dumps import Dump
+from hsextract.contract import fp8
+from hsextract.contract.dumps import FINAL_SLOT_PRENORM, Dump
 from hsextract.contract.states import ErrorReason
-from hsextract.errors import DumpError, LayerMismatchError, ModelMismatchError
+from hsextract.errors import DumpError, LayerMismatchError, ModelMismatchError, StorageMismatchError
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class DumpExpectation:
     need_final_prenorm: bool
     model_path: str = ""  # the output's model (identity.py); "" : not checked
     model_fingerprint: str | None = None
+    storage: str | None = None  # the output's: fp8.FP8_STORAGE, or None for the model's dtype
 
 
 def _same_model(dump: Dump, expect: DumpExpectation) -> bool:
@@ -58,6 +60,16 @@ def check_dump(dump: Dump, sent_ids: list[int], expect: DumpExpectation) -> None
             f"dump {dump.rid} holds {dump.input_ids.shape[0]} token ids that differ from the {tokens} sent "
             "(a cached prefix, a stale dump, or rows of another request)",
         )
+    if dump.storage_dtype != expect.storage:
+        raise StorageMismatchError(
+            ErrorReason.DTYPE_MISMATCH,
+            f"dump {dump.rid} is stored as {dump.storage_dtype or dump.model_dtype} but this output stores "
+            f"{expect.storage or 'the model dtype'}: the server is configured for the other storage. Restart it with the "
+            "output's storage (SGLang hook config storage), or extract into a new --output",
+        )
+    if dump.is_fp8:
+        _check_fp8(dump, tokens, expect)
+        return
     aux, final = dump.plain_states("the dump checks")
     num_aux = len(expect.aux_layer_ids)
     want_aux = (tokens, num_aux, expect.hidden_size)
@@ -87,6 +99,38 @@ def check_dump(dump: Dump, sent_ids: list[int], expect: DumpExpectation) -> None
             raise DumpError(ErrorReason.NON_FINITE, f"dump {dump.rid} holds NaN or infinite values")
 
 
+def _check_fp8(dump: Dump, tokens: int, expect: DumpExpectation) -> None:
+    """An FP8 dump: [T, K+1, H] float8_e4m3fn, [T, 1, 1] float32 scales finite and positive, the computed
+    dtype the output's, the pre-norm final state in the last slot when the format needs it."""
+    states, scales = dump.hidden_states, dump.hidden_states_scales
+    assert states is not None and scales is not None  # Dump holds one layout or the other
+    want = (tokens, len(expect.aux_layer_ids) + 1, expect.hidden_size)
+    if tuple(states.shape) != want or states.dtype != fp8.FP8_DTYPE:
+        raise DumpError(
+            ErrorReason.SHAPE_MISMATCH,
+            f"dump {dump.rid} hidden_states is {states.dtype} {tuple(states.shape)}, expected {fp8.FP8_STORAGE} {want}",
+        )
+    if tuple(scales.shape) != (tokens, 1, 1) or scales.dtype != torch.float32:
+        raise DumpError(
+            ErrorReason.SHAPE_MISMATCH,
+            f"dump {dump.rid} hidden_states_scales is {scales.dtype} {tuple(scales.shape)}, expected float32 {(tokens, 1, 1)}",
+        )
+    if expect.dtype is not None and dump.meta.dtype != expect.dtype:
+        raise DumpError(
+            ErrorReason.DTYPE_MISMATCH, f"dump {dump.rid} was computed in {dump.meta.dtype}, expected {expect.dtype}"
+        )
+    if expect.need_final_prenorm and dump.meta.final_slot != FINAL_SLOT_PRENORM:
+        raise DumpError(
+            ErrorReason.MISSING_FINAL_PRENORM,
+            f"FP8 dump {dump.rid} holds the {dump.meta.final_slot} final state in its last slot; the output format needs "
+            "the pre-norm one",
+        )
+    if not all_finite(scales) or not bool((scales > 0).all()):
+        raise DumpError(ErrorReason.NON_FINITE, f"dump {dump.rid} holds scales that are not finite and positive")
+    if not all_finite(states):
+        raise DumpError(ErrorReason.NON_FINITE, f"dump {dump.rid} holds NaN FP8 values")
+
+
 # A float is NaN or infinite exactly when its exponent bits are all ones: one integer pass over the
 # bits (numpy: single-threaded, the interpreter lock released) instead of torch.isfinite, about 20
 # times slower on bfloat16 on the CPU and parallelised inside every one of the extractor's threads.
@@ -94,6 +138,7 @@ _EXPONENT_BITS = {
     torch.bfloat16: (torch.int16, 0x7F80),
     torch.float16: (torch.int16, 0x7C00),
     torch.float32: (torch.int32, 0x7F800000),
+    fp8.FP8_DTYPE: (torch.uint8, 0x7F),  # e4m3fn has no infinity: NaN is S.1111.111
 }
 _CHUNK = 1 << 22  # elements per pass: bounded temporaries
 

@@ -24,10 +24,13 @@ import os
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hsextract.contract.atomic import atomic_write_bytes
 from hsextract.errors import IdentityMismatchError, OutputError
+
+if TYPE_CHECKING:
+    from hsextract.extract.data_config import DataConfig
 
 log = logging.getLogger(__name__)
 
@@ -102,26 +105,25 @@ def write_identity(output: Path, identity: OutputIdentity) -> None:
     atomic_write_bytes(Path(output) / IDENTITY_FILE, (json.dumps(identity.to_json(), indent=2) + "\n").encode())
 
 
-def identity_from_data_config(config: dict[str, Any]) -> OutputIdentity | None:
-    """The identity of an output written before identity.json existed (its data_config.json)."""
-    try:
-        model = config.get("model") or {}
-        path = str(model.get("path", ""))
-        return OutputIdentity(
-            model=ModelIdentity(path if os.path.isabs(path) else "", None, int(config["num_hidden_layers"])),
-            aux_layer_ids=[int(i) for i in config["aux_layer_ids"]],
-            format=str(config["format"]),
-            max_seq_len=int(config["max_seq_len"]),
-            hidden_size=int(config["hidden_size"]),
-            dtype=config.get("computed_dtype"),
-            stored_dtype=config.get("dtype"),  # what the files hold (older versions stored the computed dtype)
-            shard_index=int(config.get("shard_index", 0)),
-            num_shards=int(config.get("num_shards", 1)),
-            dataset=DatasetIdentity(str(config.get("dataset", "")), None, None),
-            created_at=str(config.get("created_at", "")),
-        )
-    except (KeyError, TypeError, ValueError):
+def identity_from_data_config(config: DataConfig) -> OutputIdentity | None:
+    """The identity of an output written before identity.json existed (its data_config.json); None when
+    it does not record enough to say."""
+    if config.format is None or config.max_seq_len is None or config.hidden_size is None:
         return None
+    path = config.model.path
+    return OutputIdentity(
+        model=ModelIdentity(path if os.path.isabs(path) else "", None, config.num_hidden_layers),
+        aux_layer_ids=list(config.aux_layer_ids),
+        format=config.format,
+        max_seq_len=config.max_seq_len,
+        hidden_size=config.hidden_size,
+        dtype=config.computed_dtype,
+        stored_dtype=config.dtype,  # what the files hold (older versions stored the computed dtype)
+        shard_index=config.shard_index,
+        num_shards=config.num_shards,
+        dataset=DatasetIdentity(config.dataset or "", None, None),
+        created_at=config.created_at or "",
+    )
 
 
 def now() -> str:

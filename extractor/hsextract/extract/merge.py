@@ -2,9 +2,10 @@
 
 Sample files are hard-linked into ``OUT`` where the filesystem allows it (no bytes copied; a shard
 that is later re-extracted replaces its files under new inodes, so the merged copy stays intact) and
-copied otherwise. ``samples.jsonl`` and ``errors.jsonl`` hold every shard's lines sorted by row; for
-the speculators format ``OUT/data`` is one Arrow dataset whose index i is row i, every written row
-taken from the shard that wrote it. ``data_config.json`` carries the shards' shared fields, their
+copied otherwise. ``samples.jsonl`` and ``errors.jsonl`` hold every shard's lines sorted by row; what spans
+all samples is the format's to merge (:meth:`~hsextract.extract.formats.base.OutputFormat.merge_index`:
+for speculators ``OUT/data`` is one Arrow dataset whose index i is row i, every written row taken from
+the shard that wrote it). ``data_config.json`` carries the shards' shared fields, their
 totals summed, and ``merged_from``: each shard's path, index, totals and timestamps.
 
 Nothing is written before every check of :mod:`hsextract.extract.merge_plan` passes. Every file is
@@ -29,7 +30,8 @@ from typing import Any
 from hsextract.contract.atomic import atomic_write_bytes, is_temp_name, temp_path
 from hsextract.errors import MergeError
 from hsextract.extract.data_config import DATA_CONFIG_FILE, read_data_config, write_data_config
-from hsextract.extract.formats import OutputFormat, open_format
+from hsextract.extract.formats import open_format
+from hsextract.extract.formats.base import OutputFormat
 from hsextract.extract.manifest import ERRORS_FILE, SAMPLES_FILE
 from hsextract.extract.merge_plan import MergePlan, ShardOutput, build_plan, merged_data_config, provenance_of
 
@@ -96,7 +98,7 @@ def _check_target(into: Path, shards: Sequence[ShardOutput]) -> None:
     if not into.exists() or not any(into.iterdir()) or (into / MERGE_MARKER).exists():
         return
     existing = read_data_config(into)
-    if existing is None or "merged_from" not in existing:
+    if existing is None or existing.merged_from is None:
         raise MergeError(
             f"--into {into} is not empty and holds no merge (no {MERGE_MARKER}, no merged {DATA_CONFIG_FILE}); "
             "choose an empty or new directory"
@@ -184,54 +186,6 @@ def _remove_strays(fmt: OutputFormat, into: Path, rows: set[int]) -> int:
     return removed
 
 
-def _merge_arrow(plan: MergePlan, into: Path) -> None:
-    """One ``data/`` whose entry i is row i: each written row from its shard's ``data/``, holes elsewhere."""
-    import datasets
-
-    from hsextract.extract.formats.speculators import arrow_features, save_arrow_dataset
-
-    features = arrow_features()
-    parts = []
-    offsets: dict[int, int] = {}
-    offset = 0
-    for shard in plan.shards:
-        rows = [row for row, owner in plan.owner.items() if owner is shard]
-        if not rows:
-            continue
-        try:
-            data = datasets.load_from_disk(str(shard.path / "data"))
-        except Exception as exc:  # datasets raises several types for a missing or damaged directory
-            raise MergeError(
-                f"{shard.label}: data/ cannot be loaded ({exc}); finish it first: {shard.finish_command()}"
-            ) from None
-        if len(data) <= max(rows):
-            raise MergeError(
-                f"{shard.label}: data/ has {len(data)} entries but the shard wrote row {max(rows)}; "
-                f"finish it first: {shard.finish_command()}"
-            )
-        parts.append(data.with_format(None).cast(features))
-        offsets[id(shard)] = offset
-        offset += len(data)
-    hole = offset
-    parts.append(
-        datasets.Dataset.from_dict({"input_ids": [[]], "loss_mask": [[]], "seq_len": [0], "written": [False]}, features=features)
-    )
-    combined = datasets.concatenate_datasets(parts)
-    indices = [
-        offsets[id(plan.owner[row])] + row if row in plan.owner else hole for row in range(plan.last_written_row + 1)
-    ]
-    merged = combined.select(indices)
-    written = list(merged["written"])
-    wrong = [row for row in plan.owner if not written[row]]
-    if wrong:
-        shard = plan.owner[wrong[0]]
-        raise MergeError(
-            f"{shard.label}: data/ marks row {wrong[0]} as not written although samples.jsonl lists it; "
-            f"repair the shard first: {shard.finish_command()}"
-        )
-    save_arrow_dataset(merged.flatten_indices(), into / "data")
-
-
 def _write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
     atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in records).encode())
 
@@ -242,7 +196,11 @@ def merge_outputs(shard_dirs: Sequence[Path], into: Path, copy: bool = False) ->
     plan = build_plan(shards)
     into = Path(into).resolve()
     _check_target(into, plan.shards)
-    fmt_name = str(plan.shards[0].config["format"])
+    fmt_name = plan.shards[0].config.format
+    if fmt_name is None:
+        raise MergeError(
+            f"{plan.shards[0].label} records no format in its {DATA_CONFIG_FILE}; rerun its extraction to rewrite it"
+        )
     log.info(
         "merging %d shards (%d rows: %d written, %d bad input) of format %s into %s",
         len(plan.shards),
@@ -262,8 +220,7 @@ def merge_outputs(shard_dirs: Sequence[Path], into: Path, copy: bool = False) ->
     removed = _remove_strays(fmt, into, set(plan.owner))
     if removed:
         log.info("removed %d sample files of an earlier merge that this one does not hold", removed)
-    if fmt_name == "speculators":
-        _merge_arrow(plan, into)
+    fmt.merge_index(plan)
     errors = sorted(
         (e for shard in plan.shards for e in shard.errors if int(e["row"]) in plan.bad_rows),
         key=lambda e: int(e["row"]),
@@ -272,14 +229,14 @@ def merge_outputs(shard_dirs: Sequence[Path], into: Path, copy: bool = False) ->
     _write_jsonl(into / ERRORS_FILE, errors)
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     config = merged_data_config(plan, [provenance_of(s) for s in plan.shards], now)
-    config["merge_files"] = {"hard_linked": placer.counts["linked"], "copied": placer.counts["copied"]}
+    config.merge_files = {"hard_linked": placer.counts["linked"], "copied": placer.counts["copied"]}
     write_data_config(into, config)
     (into / MERGE_MARKER).unlink()
     return MergeSummary(
         into=into,
         shards=len(plan.shards),
         samples=len(samples),
-        tokens=int(config["total_tokens"]),
+        tokens=config.total_tokens,
         bad_input=len(errors),
         linked=placer.counts["linked"],
         copied=placer.counts["copied"],

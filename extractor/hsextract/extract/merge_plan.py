@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hsextract.contract.fp8 import FP8_STORAGE
 from hsextract.contract.states import ErrorKind, RunStatus
 from hsextract.errors import MergeError
+from hsextract.extract.data_config import DataConfig
 
 #: data_config.json keys (dotted: nested) every shard must hold the same value for
 AGREEING_KEYS = (
@@ -62,24 +64,29 @@ class ShardOutput:
     """One shard's output directory as read from disk: its data_config.json and manifests."""
 
     path: Path
-    config: dict[str, Any]
+    config: DataConfig
     samples: list[dict[str, Any]]  # samples.jsonl records, each with "row" and "file"
     errors: list[dict[str, Any]]  # errors.jsonl records, each with "row" and "kind"
 
     @property
     def shard_index(self) -> int:
-        return int(self.config.get("shard_index", 0))
+        return self.config.shard_index
 
     @property
     def num_shards(self) -> int:
-        return int(self.config.get("num_shards", 1))
+        return self.config.num_shards
+
+    @property
+    def recorded(self) -> dict[str, Any]:
+        """data_config.json's keys as the shard's file holds them (an older output's absent keys absent)."""
+        return self.config.to_json()
 
     @property
     def label(self) -> str:
         return f"shard {self.shard_index}/{self.num_shards} ({self.path})"
 
     def finish_command(self) -> str:
-        dataset = self.config.get("dataset", "DATASET")
+        dataset = self.config.dataset or "DATASET"
         return (
             f"hsextract extract --dataset {dataset} --output {self.path} --shard-index {self.shard_index} "
             f"--num-shards {self.num_shards} (same server and settings; it resumes)"
@@ -116,12 +123,26 @@ def rows_of_slice(total_rows: int, shard_index: int, num_shards: int) -> int:
     return (total_rows - 1 - shard_index) // num_shards + 1
 
 
+def check_storage(shards: Sequence[ShardOutput]) -> None:
+    """One storage per output: FP8 (with scales) and unquantized files never merge into one."""
+    first = shards[0]
+    for other in shards[1:]:
+        if (other.config.dtype == FP8_STORAGE) != (first.config.dtype == FP8_STORAGE):
+            raise MergeError(
+                f"{other.label} stores {other.config.dtype} states but {first.label} stores {first.config.dtype}: a "
+                "trainer reads one storage per output (FP8 needs --hidden-states-backend fp8, the other must not have "
+                "it), so FP8 and unquantized shards never merge. Re-extract the odd shard with the others' --storage, "
+                "or merge each storage separately; nothing was written"
+            )
+
+
 def check_agreement(shards: Sequence[ShardOutput]) -> None:
+    check_storage(shards)
     first = shards[0]
     for key in AGREEING_KEYS:
-        want = lookup(first.config, key)
+        want = lookup(first.recorded, key)
         for other in shards[1:]:
-            got = lookup(other.config, key)
+            got = lookup(other.recorded, key)
             if got != want:
                 raise MergeError(
                     f"{other.label} has {key}={_show(got)} but {first.label} has {key}={_show(want)}: shards of "
@@ -129,7 +150,7 @@ def check_agreement(shards: Sequence[ShardOutput]) -> None:
                     "with the settings of the others, or merge it separately"
                 )
     for key in AGREEING_WHEN_PRESENT:
-        values = [lookup(s.config, key) for s in shards]
+        values = [lookup(s.recorded, key) for s in shards]
         if any(v is _MISSING for v in values):
             continue
         for other, got in zip(shards[1:], values[1:], strict=True):
@@ -165,9 +186,9 @@ def check_coverage(shards: Sequence[ShardOutput]) -> list[ShardOutput]:
             f"{num_shards} on another host into a new output (docs/fleet.md)"
         )
     for shard in by_index.values():
-        status = shard.config.get("status")
-        if status != RunStatus.COMPLETE:
-            failed = shard.config.get("failed_samples", 0)
+        status = shard.config.status
+        if not shard.config.complete:
+            failed = shard.config.failed_samples
             raise MergeError(
                 f"{shard.label} is {status!r}, not 'complete' ({failed} rows failed): its unfinished rows would be "
                 f"missing from the merge; finish it first: {shard.finish_command()}"
@@ -182,10 +203,10 @@ def build_plan(shards: Sequence[ShardOutput]) -> MergePlan:
     check_agreement(shards)
     ordered = check_coverage(shards)
     plan = MergePlan(ordered)
-    plan.total_rows = sum(int(s.config.get("rows_in_shard", 0)) for s in ordered)
+    plan.total_rows = sum(s.config.rows_in_shard for s in ordered)
     for shard in ordered:
         expected = rows_of_slice(plan.total_rows, shard.shard_index, shard.num_shards)
-        rows_in_shard = int(shard.config.get("rows_in_shard", 0))
+        rows_in_shard = shard.config.rows_in_shard
         if rows_in_shard != expected:
             raise MergeError(
                 f"{shard.label} planned {rows_in_shard} rows, but a dataset of {plan.total_rows} rows (the shards' sum) "
@@ -219,39 +240,39 @@ def build_plan(shards: Sequence[ShardOutput]) -> MergePlan:
     return plan
 
 
-def merged_data_config(plan: MergePlan, provenance: list[dict[str, Any]], merged_at: str) -> dict[str, Any]:
+def merged_data_config(plan: MergePlan, provenance: list[dict[str, Any]], merged_at: str) -> DataConfig:
     """The merged output's data_config.json: the shards' shared fields, summed totals, provenance."""
-    base = dict(plan.shards[0].config)
-    if any("longest_sample_tokens" in s.config for s in plan.shards):
+    base = plan.shards[0].recorded
+    if any("longest_sample_tokens" in s.recorded for s in plan.shards):
         # the trainer settings depend on the longest sample only (the rest agrees): take the longest shard's
-        longest = max(plan.shards, key=lambda s: int(s.config.get("longest_sample_tokens", 0)))
-        base["longest_sample_tokens"] = int(longest.config.get("longest_sample_tokens", 0))
-        if "trainer" in longest.config:
-            base["trainer"] = longest.config["trainer"]
+        longest = max(plan.shards, key=lambda s: s.config.longest_sample_tokens)
+        base["longest_sample_tokens"] = longest.config.longest_sample_tokens
+        if longest.config.trainer is not None:
+            base["trainer"] = longest.config.trainer
     for key in SUMMED_TOTALS:
-        base[key] = sum(int(s.config.get(key, 0)) for s in plan.shards)
+        base[key] = sum(int(getattr(s.config, key)) for s in plan.shards)
     counts: Counter[str] = Counter()
     for shard in plan.shards:
-        counts.update({str(k): int(v) for k, v in dict(shard.config.get("error_counts", {})).items()})
+        counts.update(shard.config.error_counts)
     base["error_counts"] = dict(sorted(counts.items()))
     base.update(
         {
             "shard_index": 0,
             "num_shards": 1,
             "status": RunStatus.COMPLETE.value,
-            "created_at": min(str(s.config.get("created_at", merged_at)) for s in plan.shards),
+            "created_at": min(s.config.created_at or merged_at for s in plan.shards),
             "updated_at": merged_at,
-            "created_unix": min(float(s.config.get("created_unix", 0.0)) for s in plan.shards),
+            "created_unix": min(s.config.created_unix or 0.0 for s in plan.shards),
             "merged_at": merged_at,
             "merged_from": provenance,
         }
     )
-    return base
+    return DataConfig.model_validate(base)
 
 
 def provenance_of(shard: ShardOutput) -> dict[str, Any]:
     """What the merged data_config.json records about one shard."""
-    config = shard.config
+    config = shard.recorded
     entry: dict[str, Any] = {
         "path": str(shard.path),
         "shard_index": shard.shard_index,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from hsextract.config import ExtractConfig
 from hsextract.contract.dump_dir import check_dump_root
+from hsextract.contract.fp8 import FP8_STORAGE
 from hsextract.contract.layers import resolve_aux_layer_ids
 from hsextract.contract.model_config import read_model_config
 from hsextract.contract.server_info import ServerInfo
@@ -17,14 +18,17 @@ from hsextract.contract.sglang_capture import ModelFamily, family_of
 from hsextract.errors import (
     ConfigError,
     DiskSpaceError,
+    IdentityMismatchError,
     OutputError,
     ServerError,
 )
 from hsextract.extract.client import ServerClient
 from hsextract.extract.data_config import read_data_config
 from hsextract.extract.dataset import dataset_kind
-from hsextract.extract.formats import OutputFormat, open_format
+from hsextract.extract.formats import format_class, open_format
+from hsextract.extract.formats.base import OutputFormat
 from hsextract.extract.identity import (
+    IDENTITY_FILE,
     DatasetIdentity,
     ModelIdentity,
     OutputIdentity,
@@ -37,17 +41,9 @@ from hsextract.extract.manifest import SAMPLES_FILE, read_jsonl
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.plan import Plan
 from hsextract.extract.scan import DatasetScan
-from hsextract.extract.serving_hints import (
-    SPECFORGE_NUM_AUX_LAYERS,
-    TRAINER_DEFAULT_LENGTH,
-    TRAINER_LENGTH_SETTING,
-    SGLangServing,
-    sglang_serving,
-)
+from hsextract.extract.serving_hints import SGLangServing, sglang_serving
 
 log = logging.getLogger(__name__)
-
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def check_server(
@@ -96,12 +92,7 @@ def check_server(
 
 def serving_and_trainer_guards(cfg: ExtractConfig, identity: ServerInfo, aux: list[int], fmt: OutputFormat) -> SGLangServing:
     """Refuse what the trainer or SGLang would fail on later; the SGLang value for these layers."""
-    if fmt.name == "specforge" and len(aux) != SPECFORGE_NUM_AUX_LAYERS:
-        raise ConfigError(
-            f"format specforge with {len(aux)} aux layers {aux}: SpecForge's EAGLE-3 draft takes exactly "
-            f"{SPECFORGE_NUM_AUX_LAYERS} (it refuses any other count at its first step); set three layer_ids or use "
-            "--format speculators"
-        )
+    fmt.check_layers(aux)
     if cfg.architecture != "auto":
         family: ModelFamily | None = ModelFamily(cfg.architecture)
     else:
@@ -136,18 +127,19 @@ def establish_identity(
         max_seq_len=cfg.max_seq_len,
         hidden_size=info.hidden_size,
         dtype=info.dtype,
-        stored_dtype=fmt.stored_dtype or info.dtype,
+        stored_dtype=fmt.stored_dtype_for(info.dtype, cfg.storage),
         shard_index=cfg.shard_index,
         num_shards=cfg.num_shards,
         dataset=DatasetIdentity(str(scan.path), scan.fingerprint, scan.total_rows),
     )
     recorded = read_identity(cfg.output)
+    _refuse_mixed_storage(cfg, recorded, current.stored_dtype)
     if recorded is None:
         try:
             legacy = read_data_config(cfg.output)
         except OutputError:
             legacy = None
-        recorded = identity_from_data_config(legacy) if legacy else None
+        recorded = identity_from_data_config(legacy) if legacy is not None else None
         if recorded is None and read_jsonl(cfg.output / SAMPLES_FILE).records:
             raise OutputError(
                 f"output {cfg.output} holds samples but no identity.json (deleted, or written by an older hsextract "
@@ -161,10 +153,25 @@ def establish_identity(
     return identity
 
 
+def _refuse_mixed_storage(cfg: ExtractConfig, recorded: OutputIdentity | None, stored: str | None) -> None:
+    """FP8 and model-dtype rows never share an output (a trainer reads one storage per output)."""
+    if recorded is None or recorded.stored_dtype is None:
+        return
+    was_fp8 = recorded.stored_dtype == FP8_STORAGE
+    if was_fp8 != cfg.fp8:
+        fix = f"pass --storage {FP8_STORAGE}" if was_fp8 else "drop --storage (or pass --storage auto)"
+        raise IdentityMismatchError(
+            f"output {cfg.output} stores {recorded.stored_dtype} states but this run would store "
+            f"{stored or 'the model dtype'}: FP8 and unquantized rows never share an output. Nothing "
+            f"was sent; {fix} to resume it, or use a new --output (what the output holds: {cfg.output / IDENTITY_FILE})"
+        )
+
+
 def check_disk(cfg: ExtractConfig, plan: Plan, identity: OutputIdentity, fmt: OutputFormat, metrics: ExtractMetrics) -> None:
     """Free space on the output filesystem against the estimated output size."""
-    stored = fmt.stored_dtype or identity.dtype or "bfloat16"
-    per_token = (len(identity.aux_layer_ids) + 1) * identity.hidden_size * _DTYPE_BYTES.get(stored, 2) + 16
+    # a server that does not report its dtype: estimated as bfloat16 until the first dump says
+    stored = identity.stored_dtype or fmt.stored_dtype_for(identity.dtype) or "bfloat16"
+    per_token = fmt.bytes_per_token(len(identity.aux_layer_ids), identity.hidden_size, stored)  # ConfigError: unknown dtype
     needed = int(plan.todo_tokens * per_token * cfg.disk_headroom)
     free = shutil.disk_usage(cfg.output).free
     metrics.planned_tokens.set(plan.todo_tokens)
@@ -200,13 +207,14 @@ def log_lengths(cfg: ExtractConfig, plan: Plan) -> None:
         plan.longest_tokens,
     )
     if plan.over_trainer_default:
+        fmt = format_class(cfg.format)
         log.warning(
             "plan: %d samples are longer than %s's default %s %d and would lose their tail there: train with %s %d "
             "(recorded in data_config.json)",
             plan.over_trainer_default,
-            cfg.format,
-            TRAINER_LENGTH_SETTING[cfg.format],
-            TRAINER_DEFAULT_LENGTH[cfg.format],
-            TRAINER_LENGTH_SETTING[cfg.format],
+            fmt.trainer_name,
+            fmt.trainer_length_setting,
+            fmt.trainer_default_length,
+            fmt.trainer_length_setting,
             plan.longest_tokens,
         )

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hsextract.contract.atomic import remove_quietly
 from hsextract.extract.checksum import check_sample_file
-from hsextract.extract.formats import OutputFormat
+from hsextract.extract.formats.base import OutputFormat
 from hsextract.extract.manifest import Manifest, WrittenSample
 from hsextract.extract.scan import DatasetScan
 

@@ -29,7 +29,7 @@ from hsextract.extract.checksum import WrittenFile
 from hsextract.extract.client import PendingAnswer, ServerClient
 from hsextract.extract.dataset import Sample
 from hsextract.extract.dump_checks import DumpExpectation, check_dump
-from hsextract.extract.formats import OutputFormat
+from hsextract.extract.formats.base import OutputFormat
 from hsextract.extract.ledger import Ledger, disk_full_error
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.open_requests import OpenRequest, OpenRequests
@@ -59,6 +59,7 @@ class RowWorker:
         expectation: Callable[[Dump], DumpExpectation],
         open_requests: OpenRequests,
         final_prenorm: bool,
+        storage: str | None = None,
     ) -> None:
         self.config = config
         self.client = client
@@ -69,6 +70,8 @@ class RowWorker:
         self.expectation = expectation
         self.open_requests = open_requests
         self.final_prenorm = final_prenorm
+        #: asked per request (GenerateRequest.storage) of a server that says fp8_per_request; None: not asked
+        self.storage = storage
         self.stop: threading.Event = ledger.stop
         self._lock = threading.Lock()
         # rows written before their answer came: the row and when its grace ends (time.monotonic)
@@ -138,7 +141,7 @@ class RowWorker:
     # -- one request ----------------------------------------------------------------------------------
     def _send_until_dump(self, sample: Sample, entry: OpenRequest) -> tuple[Dump, PendingAnswer]:
         """Send the row's request (again, when the watchdog asks) until its dump is complete."""
-        request = GenerateRequest(entry.rid, sample.input_ids, self.final_prenorm)
+        request = GenerateRequest(entry.rid, sample.input_ids, self.final_prenorm, self.storage)
         while True:
             pending = self.client.send_prefill(request)
             entry.sent(pending)

@@ -40,10 +40,11 @@ from hsextract.contract.server_info import ServerInfo
 from hsextract.contract.states import ErrorKind, RunStatus
 from hsextract.errors import BadSampleError, DiskFullError, HsextractError, ServerError
 from hsextract.extract.client import ServerClient
-from hsextract.extract.data_config import build_data_config, write_data_config
+from hsextract.extract.data_config import DataConfig, build_data_config, write_data_config
 from hsextract.extract.dataset import Sample, iter_raw_rows, iter_rows, validate_row
 from hsextract.extract.dump_checks import DumpExpectation
-from hsextract.extract.formats import OutputFormat
+from hsextract.extract.formats import format_class
+from hsextract.extract.formats.base import OutputFormat
 from hsextract.extract.identity import OutputIdentity, write_identity
 from hsextract.extract.ledger import Ledger, disk_full_error
 from hsextract.extract.lock import OutputLock
@@ -57,11 +58,7 @@ from hsextract.extract.progress import Progress
 from hsextract.extract.resume_check import check_resume
 from hsextract.extract.row_worker import RowWorker
 from hsextract.extract.scan import DatasetScan, scan_dataset
-from hsextract.extract.serving_hints import (
-    TRAINER_DEFAULT_LENGTH,
-    SGLangServing,
-    summary_lines,
-)
+from hsextract.extract.serving_hints import SGLangServing, summary_lines
 from hsextract.extract.stale_dumps import sweep_stale_dumps
 
 log = logging.getLogger(__name__)
@@ -101,6 +98,18 @@ def sweep_temp_files(root: Path) -> int:
                 path.unlink(missing_ok=True)
             removed += 1
     return removed
+
+
+def _storage_hint(data_config: DataConfig) -> tuple[str, ...]:
+    """The summary line of an FP8 output: what it holds and the trainer flag that reads it."""
+    quantization = data_config.quantization
+    if quantization is None:
+        return ()
+    flags = " ".join(f"{k} {v}" for k, v in quantization["trainer_flags"].items())
+    return (
+        f"stored as {data_config.dtype} ({quantization['scheme']}; scales in {quantization['scales_key']}): the trainer "
+        f"reads it only with {flags}",
+    )
 
 
 class Extraction:
@@ -173,7 +182,7 @@ class Extraction:
             cfg.num_shards,
             self.stop,
             written_lengths=[s.num_tokens for s in manifest.written.values()],
-            trainer_default=TRAINER_DEFAULT_LENGTH[cfg.format],
+            trainer_default=format_class(cfg.format).trainer_default_length,
         )
 
     # -- the run ------------------------------------------------------------------------------------
@@ -240,6 +249,7 @@ class Extraction:
                 fmt.needs_final_prenorm,
                 model_path=identity.model.path,
                 model_fingerprint=identity.model.fingerprint,
+                storage=cfg.storage if cfg.fp8 else None,
             )
             progress = Progress(plan.rows_in_shard, plan.settled, plan.todo_tokens, cfg.log_interval_s)
             if not plan.exact:
@@ -255,6 +265,9 @@ class Extraction:
                 functools.partial(self._expectation, expect),
                 open_requests,
                 final_prenorm=fmt.needs_final_prenorm and bool(info.final_prenorm_per_request),
+                # a server that cannot take it per request dumps what it is configured with (the SGLang hook's
+                # storage); every dump's storage is checked against the output's either way
+                storage=cfg.storage if cfg.fp8 and info.fp8_per_request else None,
             )
             watchdog = StallWatchdog(open_requests, ledger, self.metrics, cfg.stall_timeout_s)
             watchdog.start()
@@ -341,13 +354,13 @@ class Extraction:
             resumed=plan.settled,
             bad_input=sum(1 for e in manifest.errors.values() if e.kind is ErrorKind.BAD_INPUT),
             failed=sum(1 for e in manifest.errors.values() if e.kind is ErrorKind.FAILED),
-            truncated=data_config["truncated_samples"],
-            total_samples=data_config["total_samples"],
-            total_tokens=data_config["total_tokens"],
+            truncated=data_config.truncated_samples,
+            total_samples=data_config.total_samples,
+            total_tokens=data_config.total_tokens,
             seconds=time.monotonic() - started,
             fatal_error=ledger.fatal_text(),
             stop_reason=stop_reason,
-            hints=tuple(summary_lines(serving, data_config["trainer"], cfg.output)),
+            hints=tuple(summary_lines(serving, data_config.trainer or {}, cfg.output, fmt.name)) + _storage_hint(data_config),
             late_answers=ledger.late_answers,
             longest_dump_pickup_s=ledger.longest_dump_pickup_s,
         )

@@ -19,7 +19,6 @@ tests/trainers checks them, and these settings, against the packages' own code.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 
 from hsextract.contract.layers import capture_indices
 from hsextract.contract.sglang_capture import SGLANG_VERSION, ModelFamily, draft_layer_ids
+from hsextract.extract.formats import format_class
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +40,6 @@ SPECULATORS_DEFAULT_TOTAL_SEQ_LEN = 8192
 SPECFORGE_NUM_AUX_LAYERS = 3
 #: the dtype SpecForge's target head and draft run in; its target head fails on any other input
 SPECFORGE_DTYPE = "bfloat16"
-
-TRAINER_DEFAULT_LENGTH = {"specforge": SPECFORGE_DEFAULT_MAX_LENGTH, "speculators": SPECULATORS_DEFAULT_TOTAL_SEQ_LEN}
-TRAINER_LENGTH_SETTING = {"specforge": "data.max_length", "speculators": "--total-seq-len"}
 
 
 @dataclass(frozen=True)
@@ -89,39 +86,9 @@ def sglang_serving(family: ModelFamily | None, aux_layer_ids: list[int], num_lay
 
 
 def trainer_settings(format_name: str, serving: SGLangServing, longest_sample: int) -> dict[str, Any]:
-    """The settings the format's trainer needs for this output (``data_config.json`` ``trainer``).
-
-    Paths are relative to the output directory (outputs move to the training cluster); the
-    end-of-run summary prints them resolved."""
-    length = max(longest_sample, TRAINER_DEFAULT_LENGTH[format_name])
-    if format_name == "specforge":
-        model: dict[str, Any] = {}
-        if serving.draft_layer_ids is not None:
-            model["aux_hidden_state_layer_ids"] = serving.draft_layer_ids
-        return {
-            "name": "specforge",
-            "version": SPECFORGE_VERSION,
-            "paths_relative_to": "the output directory",
-            "config": {"model": model, "data": {"hidden_states_path": ".", "max_length": length}},
-            "draft_config": None if serving.draft_layer_ids is None else {"eagle_config": serving.eagle_config()},
-            "default_max_length": SPECFORGE_DEFAULT_MAX_LENGTH,
-            "longest_sample": longest_sample,
-        }
-    flags: dict[str, Any] = {
-        "--data-path": "data",
-        "--hidden-states-path": "hidden_states",
-        "--on-missing": "skip",  # rows this output does not hold (bad input, other shards) have no file
-        "--total-seq-len": length,
-        "--target-layer-ids": serving.layers_to_capture,  # vLLM/speculators: the layer *entered*
-    }
-    return {
-        "name": "speculators",
-        "version": SPECULATORS_VERSION,
-        "paths_relative_to": "the output directory",
-        "flags": flags,
-        "default_total_seq_len": SPECULATORS_DEFAULT_TOTAL_SEQ_LEN,
-        "longest_sample": longest_sample,
-    }
+    """The settings format ``format_name``'s trainer needs for this output (``data_config.json`` ``trainer``):
+    the format's own (:meth:`~hsextract.extract.formats.base.OutputFormat.trainer_settings`)."""
+    return format_class(format_name).trainer_settings(serving, longest_sample)
 
 
 def speculators_args(trainer: dict[str, Any], output: Path) -> list[str]:
@@ -134,7 +101,7 @@ def speculators_args(trainer: dict[str, Any], output: Path) -> list[str]:
     return args
 
 
-def summary_lines(serving: SGLangServing, trainer: dict[str, Any], output: Path) -> list[str]:
+def summary_lines(serving: SGLangServing, trainer: dict[str, Any], output: Path, format_name: str) -> list[str]:
     """The end-of-run summary's lines about serving and training."""
     lines = []
     if serving.draft_layer_ids is not None:
@@ -145,14 +112,5 @@ def summary_lines(serving: SGLangServing, trainer: dict[str, Any], output: Path)
         )
     else:
         lines.append(f"no SGLang draft-config value: {serving.to_json()['no_value_because']}")
-    if trainer["name"] == "specforge":
-        settings = trainer["config"]
-        parts = [f"data.hidden_states_path={Path(output).resolve() / settings['data']['hidden_states_path']}"]
-        parts.append(f"data.max_length={settings['data']['max_length']}")
-        if "aux_hidden_state_layer_ids" in settings["model"]:
-            ids = json.dumps(settings["model"]["aux_hidden_state_layer_ids"], separators=(",", ":"))
-            parts.append(f"model.aux_hidden_state_layer_ids={ids}")
-        lines.append(f"train with SpecForge {SPECFORGE_VERSION}: " + " ".join(parts))
-    else:
-        lines.append(f"train with speculators {SPECULATORS_VERSION}: " + " ".join(speculators_args(trainer, output)))
+    lines.append(format_class(format_name).trainer_summary(trainer, output))
     return lines

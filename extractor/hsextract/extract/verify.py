@@ -16,11 +16,13 @@ from typing import Any
 import torch
 
 from hsextract.contract.atomic import is_temp_name
-from hsextract.contract.states import RunStatus
+from hsextract.contract.fp8 import FP8_STORAGE
 from hsextract.errors import OutputError
 from hsextract.extract.checksum import check_sample_file
-from hsextract.extract.data_config import read_data_config
-from hsextract.extract.formats import FORMATS, OutputFormat, open_format
+from hsextract.extract.data_config import DataConfig, read_data_config
+from hsextract.extract.dump_checks import all_finite
+from hsextract.extract.formats import FORMATS, open_format
+from hsextract.extract.formats.base import OutputFormat
 from hsextract.extract.identity import IDENTITY_FILE, OutputIdentity, read_identity
 from hsextract.extract.manifest import ERRORS_FILE, SAMPLES_FILE, read_jsonl
 
@@ -62,20 +64,14 @@ class _Expect:
     dtype: str | None
 
 
-def _expectations(output: Path, config: dict[str, Any] | None, identity: OutputIdentity | None) -> _Expect:
+def _expectations(output: Path, config: DataConfig | None, identity: OutputIdentity | None) -> _Expect:
     if config is not None:
-        try:
-            return _Expect(
-                str(config["format"]),
-                int(config["hidden_size"]),
-                len(config["aux_layer_ids"]),
-                int(config["max_seq_len"]),
-                config.get("dtype"),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
+        if config.format is None or config.hidden_size is None or config.max_seq_len is None:
+            lacks = [k for k in ("format", "hidden_size", "max_seq_len") if getattr(config, k) is None]
             raise OutputError(
-                f"{output}/data_config.json lacks {exc}; rerun the extraction (same command) to rewrite it"
-            ) from None
+                f"{output}/data_config.json lacks {', '.join(lacks)}; rerun the extraction (same command) to rewrite it"
+            )
+        return _Expect(config.format, config.hidden_size, len(config.aux_layer_ids), config.max_seq_len, config.dtype)
     assert identity is not None
     dtype = identity.stored_dtype or identity.dtype
     return _Expect(identity.format, identity.hidden_size, len(identity.aux_layer_ids), identity.max_seq_len, dtype)
@@ -104,8 +100,8 @@ def verify_output(output: Path, on_sample: Callable[[], None] | None = None) -> 
             ("hidden_size", identity.hidden_size),
             ("max_seq_len", identity.max_seq_len),
         ):
-            if config.get(key) != recorded:
-                problem(f"data_config.json says {key} {config.get(key)!r}, {IDENTITY_FILE} {recorded!r}")
+            if getattr(config, key) != recorded:
+                problem(f"data_config.json says {key} {getattr(config, key)!r}, {IDENTITY_FILE} {recorded!r}")
     fmt = open_format(expect.format, output)
     samples_file = read_jsonl(output / SAMPLES_FILE)
     errors_file = read_jsonl(output / ERRORS_FILE)
@@ -122,9 +118,9 @@ def verify_output(output: Path, on_sample: Callable[[], None] | None = None) -> 
     overlap = set(samples) & {int(e["row"]) for e in errors_file.records}
     if overlap:
         problem(f"rows both written and in errors.jsonl: {sorted(overlap)[:10]}")
-    if config is not None and config.get("status") != RunStatus.COMPLETE:
-        reason = f" ({config['stop_reason']})" if config.get("stop_reason") else ""
-        problem(f"the run's status is {config.get('status')!r}{reason}, not 'complete'; rerun the extraction to finish it")
+    if config is not None and not config.complete:
+        reason = f" ({config.stop_reason})" if config.stop_reason else ""
+        problem(f"the run's status is {config.status!r}{reason}, not 'complete'; rerun the extraction to finish it")
     strays = [p for p in output.rglob(".*") if is_temp_name(p.name)]
     if strays:
         problem(f"{len(strays)} temporary files left, e.g. {strays[0]}")
@@ -132,8 +128,8 @@ def verify_output(output: Path, on_sample: Callable[[], None] | None = None) -> 
     listed = {fmt.sample_path(r) for r in samples}
     if on_disk - listed:
         problem(f"{len(on_disk - listed)} sample files not listed in samples.jsonl, e.g. {sorted(on_disk - listed)[0]}")
-    if expect.format == "speculators" and config is not None:
-        _verify_speculators_dataset(output, set(samples), fmt, problem)
+    if config is not None:
+        fmt.verify_index(set(samples), problem)
     return report
 
 
@@ -176,41 +172,45 @@ def _verify_sample(
     for name, tensor in (("aux", stored.aux_hidden_states), ("final", stored.final_hidden_state)):
         if expect.dtype and str(tensor.dtype).removeprefix("torch.") != expect.dtype:
             problem(f"row {row}: {name} dtype {tensor.dtype}, expected {expect.dtype}")
-        if not bool(torch.isfinite(tensor).all()):
+        if not all_finite(tensor):
             problem(f"row {row}: {name} holds NaN or infinite values")
+    _verify_scales(row, stored.hidden_states_scales, tokens, expect, problem)
     report.samples += 1
     report.tokens += tokens
 
 
-def _verify_totals(config: dict[str, Any] | None, samples: dict[int, dict[str, Any]], report: VerifyReport) -> None:
+def _verify_scales(row: int, scales: torch.Tensor | None, tokens: int, expect: _Expect, problem: Callable[[str], None]) -> None:
+    """An FP8 sample's per-token scales: float32 [T, 1, 1], finite and positive (a zero or NaN scale
+    turns the token's states into zeros or NaN in the trainer)."""
+    if expect.dtype != FP8_STORAGE:
+        if scales is not None:
+            problem(f"row {row}: holds hidden_states_scales but the output stores {expect.dtype}; {_REDO}")
+        return
+    if scales is None:
+        problem(f"row {row}: FP8 states without hidden_states_scales; {_REDO}")
+        return
+    if tuple(scales.shape) != (tokens, 1, 1) or scales.dtype != torch.float32:
+        problem(
+            f"row {row}: hidden_states_scales {scales.dtype} {tuple(scales.shape)}, expected float32 {(tokens, 1, 1)}; {_REDO}"
+        )
+        return
+    bad = ~(torch.isfinite(scales) & (scales > 0))
+    if bool(bad.any()):
+        first = int(bad.reshape(-1).nonzero()[0])
+        problem(
+            f"row {row}: {int(bad.sum())} hidden_states_scales not finite and positive (token {first}: "
+            f"{float(scales.reshape(-1)[first])}); {_REDO}"
+        )
+
+
+def _verify_totals(config: DataConfig | None, samples: dict[int, dict[str, Any]], report: VerifyReport) -> None:
     if config is None:
         return
     problem = report.problems.append
-    if report.samples != config.get("total_samples"):
-        problem(f"{report.samples} samples readable, data_config.json says total_samples {config.get('total_samples')}")
-    if report.tokens != config.get("total_tokens"):
-        problem(f"{report.tokens} tokens read, data_config.json says total_tokens {config.get('total_tokens')}")
+    if report.samples != config.total_samples:
+        problem(f"{report.samples} samples readable, data_config.json says total_samples {config.total_samples}")
+    if report.tokens != config.total_tokens:
+        problem(f"{report.tokens} tokens read, data_config.json says total_tokens {config.total_tokens}")
     truncated = sum(1 for r in samples.values() if r.get("original_length", 0) > r.get("num_tokens", 0))
-    if truncated != config.get("truncated_samples"):
-        problem(f"{truncated} truncated samples in samples.jsonl, data_config.json says {config.get('truncated_samples')}")
-
-
-def _verify_speculators_dataset(output: Path, rows: set[int], fmt: OutputFormat, problem: Callable[[str], None]) -> None:
-    import datasets
-
-    try:
-        data = datasets.load_from_disk(str(output / "data"))
-    except Exception as exc:
-        problem(f"data/ cannot be loaded with datasets.load_from_disk: {exc}")
-        return
-    for row in sorted(rows):
-        if row >= len(data):
-            problem(f"row {row} is written but data/ has only {len(data)} entries")
-            continue
-        entry = data[row]
-        try:
-            token_ids = fmt.read_sample(row).input_ids
-        except Exception:
-            continue  # reported with the sample
-        if not torch.equal(entry["input_ids"], token_ids) or int(entry["seq_len"]) != token_ids.shape[0]:
-            problem(f"row {row}: data/ input_ids or seq_len differ from hs_{row}.safetensors")
+    if truncated != config.truncated_samples:
+        problem(f"{truncated} truncated samples in samples.jsonl, data_config.json says {config.truncated_samples}")

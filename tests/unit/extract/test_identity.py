@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from hsextract.errors import IdentityMismatchError, OutputError
+from hsextract.extract.data_config import DataConfig
 from hsextract.extract.identity import (
     DatasetIdentity,
     ModelIdentity,
@@ -79,16 +80,18 @@ def test_without_fingerprints_the_paths_decide(tmp_path: Path) -> None:
 
 def test_an_older_output_is_checked_against_its_data_config(tmp_path: Path) -> None:
     legacy = identity_from_data_config(
-        {
-            "model": {"path": "work/model"},  # relative: recorded by an older server, nothing to compare
-            "num_hidden_layers": 8,
-            "aux_layer_ids": [1, 3, 4],
-            "format": "specforge",
-            "max_seq_len": 4096,
-            "hidden_size": 64,
-            "dtype": "bfloat16",
-            "dataset": "/data/d.jsonl",
-        }
+        DataConfig.model_validate(
+            {
+                "model": {"path": "work/model"},  # relative: recorded by an older server, nothing to compare
+                "num_hidden_layers": 8,
+                "aux_layer_ids": [1, 3, 4],
+                "format": "specforge",
+                "max_seq_len": 4096,
+                "hidden_size": 64,
+                "dtype": "bfloat16",
+                "dataset": "/data/d.jsonl",
+            }
+        )
     )
     assert legacy is not None and legacy.model.path == ""
     reconcile_identity(tmp_path, legacy, BASE)

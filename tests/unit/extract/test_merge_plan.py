@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from hsextract.errors import ConfigError, MergeError
+from hsextract.extract.data_config import DataConfig
 from hsextract.extract.merge_plan import ShardOutput, build_plan, merged_data_config, provenance_of, rows_of_slice
 
 
@@ -44,7 +45,7 @@ def _shard(index: int, num: int, total_rows: int, bad: tuple[int, ...] = (), **c
     config.update(changes)
     samples = [{"row": r, "file": f"rows_0-2000/data_{r}.ckpt", "num_tokens": 10, "original_length": 10} for r in written]
     errors = [{"row": r, "kind": "bad_input", "reason": "empty_input_ids", "message": "m"} for r in bad]
-    return ShardOutput(Path(f"/out/shard{index}"), config, samples, errors)
+    return ShardOutput(Path(f"/out/shard{index}"), DataConfig.model_validate(config), samples, errors)
 
 
 @pytest.mark.parametrize(
@@ -61,7 +62,7 @@ def test_a_good_plan_assigns_every_row_once_and_sums_the_totals() -> None:
     assert [s.shard_index for s in plan.shards] == [0, 1, 2]
     assert plan.total_rows == 10 and set(plan.owner) == set(range(10)) - {3} and set(plan.bad_rows) == {3}
     assert plan.owner[7].shard_index == 1 and plan.last_written_row == 9
-    merged = merged_data_config(plan, [provenance_of(s) for s in plan.shards], "2026-12-01T09:00:00+00:00")
+    merged = merged_data_config(plan, [provenance_of(s) for s in plan.shards], "2026-12-01T09:00:00+00:00").to_json()
     assert merged["total_samples"] == 9 and merged["total_tokens"] == 90 and merged["rows_in_shard"] == 10
     assert merged["truncated_samples"] == 3 and merged["bad_input_samples"] == 1
     assert merged["error_counts"] == {"empty_input_ids": 1}
@@ -125,7 +126,7 @@ def test_the_trainer_settings_come_from_the_shard_with_the_longest_sample() -> N
         _shard(0, 2, 6, longest_sample_tokens=900, trainer=trainer(900)),
         _shard(1, 2, 6, longest_sample_tokens=9000, trainer=trainer(9000)),
     ]
-    merged = merged_data_config(build_plan(shards), [], "now")
+    merged = merged_data_config(build_plan(shards), [], "now").to_json()
     assert merged["longest_sample_tokens"] == 9000 and merged["trainer"] == trainer(9000)
 
 

@@ -25,7 +25,8 @@ def test_unknown_family_gives_no_value_and_says_why(tmp_path: Path) -> None:
     assert "set architecture" in serving.to_json()["no_value_because"]
     settings = trainer_settings("specforge", serving, 10)
     assert settings["config"]["model"] == {}  # nothing to pass: SpecForge's default would be a guess here
-    assert summary_lines(serving, settings, tmp_path)[0].startswith("no SGLang draft-config value: the model family is unknown")
+    first = summary_lines(serving, settings, tmp_path, "specforge")[0]
+    assert first.startswith("no SGLang draft-config value: the model family is unknown")
 
 
 def test_speculators_args_resolve_paths_against_the_output(tmp_path: Path) -> None:

@@ -13,16 +13,26 @@ records the conversion in data_config.json (``computed_dtype``, ``dtype_conversi
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from hsextract.contract.atomic import remove_quietly, temp_path
 from hsextract.contract.dumps import Dump
+from hsextract.errors import ConfigError
 from hsextract.extract.checksum import HashingWriter, WrittenFile
 from hsextract.extract.dataset import Sample
 from hsextract.extract.formats.base import OutputFormat, StoredSample
+from hsextract.extract.serving_hints import (
+    SPECFORGE_DEFAULT_MAX_LENGTH,
+    SPECFORGE_DTYPE,
+    SPECFORGE_NUM_AUX_LAYERS,
+    SPECFORGE_VERSION,
+    SGLangServing,
+)
 
 ROWS_PER_DIR = 2000
 
@@ -42,11 +52,50 @@ class SpecForgeFormat(OutputFormat):
     name = "specforge"
     final_norm_applied = True
     sample_glob = "rows_*/data_*.ckpt"
-    stored_dtype = "bfloat16"
+    stored_dtype = SPECFORGE_DTYPE
+    trainer_name = "specforge"
+    trainer_version = SPECFORGE_VERSION
+    trainer_default_length = SPECFORGE_DEFAULT_MAX_LENGTH
+    trainer_length_setting = "data.max_length"
+    storage_refusal = "SpecForge has no FP8 reader: use --format speculators with --storage float8_e4m3fn, or drop --storage"
 
     def __init__(self, root: Path) -> None:
         super().__init__(root)
         _skip_zip_crc()
+
+    @classmethod
+    def check_layers(cls, aux_layer_ids: list[int]) -> None:
+        if len(aux_layer_ids) != SPECFORGE_NUM_AUX_LAYERS:
+            raise ConfigError(
+                f"format specforge with {len(aux_layer_ids)} aux layers {aux_layer_ids}: SpecForge's EAGLE-3 draft takes "
+                f"exactly {SPECFORGE_NUM_AUX_LAYERS} (it refuses any other count at its first step); set three layer_ids "
+                "or use --format speculators"
+            )
+
+    @classmethod
+    def trainer_settings(cls, serving: SGLangServing, longest_sample: int, stored: str | None = None) -> dict[str, Any]:
+        model: dict[str, Any] = {}
+        if serving.draft_layer_ids is not None:
+            model["aux_hidden_state_layer_ids"] = serving.draft_layer_ids
+        return {
+            "name": cls.trainer_name,
+            "version": cls.trainer_version,
+            "paths_relative_to": "the output directory",
+            "config": {"model": model, "data": {"hidden_states_path": ".", "max_length": cls.trainer_length(longest_sample)}},
+            "draft_config": None if serving.draft_layer_ids is None else {"eagle_config": serving.eagle_config()},
+            "default_max_length": cls.trainer_default_length,
+            "longest_sample": longest_sample,
+        }
+
+    @classmethod
+    def trainer_summary(cls, trainer: dict[str, Any], output: Path) -> str:
+        settings = trainer["config"]
+        parts = [f"data.hidden_states_path={Path(output).resolve() / settings['data']['hidden_states_path']}"]
+        parts.append(f"data.max_length={settings['data']['max_length']}")
+        if "aux_hidden_state_layer_ids" in settings["model"]:
+            ids = json.dumps(settings["model"]["aux_hidden_state_layer_ids"], separators=(",", ":"))
+            parts.append(f"model.aux_hidden_state_layer_ids={ids}")
+        return f"train with SpecForge {cls.trainer_version}: " + " ".join(parts)
 
     def sample_path(self, row: int) -> Path:
         group = row // ROWS_PER_DIR * ROWS_PER_DIR

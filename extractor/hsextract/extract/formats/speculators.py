@@ -7,26 +7,42 @@ is a ``datasets`` Arrow dataset (torch format) with ``input_ids``, ``loss_mask``
 its index i is dataset row i, the number of ``hs_<i>``, so rows this output does not hold
 (bad input, other shards) are entries with ``written`` false, ``seq_len`` 0 and no file. Train
 with ``--data-path <out>/data --hidden-states-path <out>/hidden_states --on-missing skip``.
+
+With ``--storage float8_e4m3fn`` the files hold speculators' own FP8 layout (hs-connectors 0.9.0,
+:mod:`hsextract.contract.fp8`): ``hidden_states [T, K+1, H]`` float8_e4m3fn and ``hidden_states_scales
+[T, 1, 1]`` float32, one scale per token over all slots; the trainer reads them with
+``--hidden-states-backend fp8`` (its default ``file`` backend ignores the scales). The server quantizes
+(the dump is already FP8): the writer stores the dump's tensors as they are, no round trip through bf16.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from hsextract.contract import fp8
 from hsextract.contract.atomic import remove_quietly, temp_path
-from hsextract.contract.dumps import Dump
+from hsextract.contract.dumps import FINAL_SLOT_PRENORM, Dump
 from hsextract.contract.states import ErrorReason
-from hsextract.errors import DumpError
+from hsextract.errors import DumpError, MergeError
 from hsextract.extract.checksum import WrittenFile, file_checksum
 from hsextract.extract.dataset import Sample
 from hsextract.extract.formats.base import OutputFormat, StoredSample
+from hsextract.extract.serving_hints import (
+    SPECULATORS_DEFAULT_TOTAL_SEQ_LEN,
+    SPECULATORS_VERSION,
+    SGLangServing,
+    speculators_args,
+)
+
+if TYPE_CHECKING:
+    from hsextract.extract.merge_plan import MergePlan
 
 
 class SpeculatorsFormat(OutputFormat):
@@ -34,22 +50,89 @@ class SpeculatorsFormat(OutputFormat):
     final_norm_applied = False
     needs_final_prenorm = True
     sample_glob = "hidden_states/hs_*.safetensors"
+    trainer_name = "speculators"
+    trainer_version = SPECULATORS_VERSION
+    trainer_default_length = SPECULATORS_DEFAULT_TOTAL_SEQ_LEN
+    trainer_length_setting = "--total-seq-len"
+    storages = (fp8.FP8_STORAGE,)
+    #: the trainer flag that reads FP8 files (hs-connectors' FP8Transfer dequantizes them)
+    FP8_BACKEND_FLAGS = {"--hidden-states-backend": "fp8"}
+
+    @classmethod
+    def quantization(cls, stored: str | None) -> dict[str, Any] | None:
+        if stored != fp8.FP8_STORAGE:
+            return None
+        return {
+            "scheme": "per-token amax/448, hs-connectors 0.9.0 layout",
+            "dtype": fp8.FP8_STORAGE,
+            "scale": f"clamp(amax / {fp8.FP8_MAX:g}, min={fp8.MIN_SCALE:g}), amax over all slots and the hidden dimension",
+            "scales_key": "hidden_states_scales",
+            "scales_shape": "[T, 1, 1]",
+            "scales_dtype": "float32",
+            "final_slot": "prenorm",
+            "quantized_by": "the server, before the device-to-host copy (the dump is FP8)",
+            "dequantize": "hidden_states.to(dtype) * hidden_states_scales.to(dtype) (hs_connectors.fp8_utils)",
+            "trainer_flags": dict(cls.FP8_BACKEND_FLAGS),
+        }
+
+    @classmethod
+    def trainer_settings(cls, serving: SGLangServing, longest_sample: int, stored: str | None = None) -> dict[str, Any]:
+        flags: dict[str, Any] = {
+            "--data-path": "data",
+            "--hidden-states-path": "hidden_states",
+            "--on-missing": "skip",  # rows this output does not hold (bad input, other shards) have no file
+            "--total-seq-len": cls.trainer_length(longest_sample),
+            "--target-layer-ids": serving.layers_to_capture,  # vLLM/speculators: the layer *entered*
+        }
+        if stored == fp8.FP8_STORAGE:
+            flags.update(cls.FP8_BACKEND_FLAGS)  # the default file backend would read the FP8 values unscaled
+        return {
+            "name": cls.trainer_name,
+            "version": cls.trainer_version,
+            "paths_relative_to": "the output directory",
+            "flags": flags,
+            "default_total_seq_len": cls.trainer_default_length,
+            "longest_sample": longest_sample,
+        }
+
+    @classmethod
+    def trainer_summary(cls, trainer: dict[str, Any], output: Path) -> str:
+        return f"train with speculators {cls.trainer_version}: " + " ".join(speculators_args(trainer, output))
 
     def sample_path(self, row: int) -> Path:
         return self.root / "hidden_states" / f"hs_{row}.safetensors"
 
     def write_sample(self, sample: Sample, dump: Dump) -> WrittenFile:
-        aux, _ = dump.plain_states("the speculators writer")
-        if dump.final_prenorm_hidden_state is None:
-            raise DumpError(
-                ErrorReason.MISSING_FINAL_PRENORM, f"dump {dump.rid} has no final_prenorm_hidden_state, which speculators needs"
-            )
-        stacked = torch.cat([aux, dump.final_prenorm_hidden_state.unsqueeze(1)], dim=1)
+        token_ids = dump.input_ids.to(torch.int64)
+        if dump.hidden_states is not None and dump.hidden_states_scales is not None:
+            if dump.meta.final_slot != FINAL_SLOT_PRENORM:
+                raise DumpError(
+                    ErrorReason.MISSING_FINAL_PRENORM,
+                    f"FP8 dump {dump.rid} holds the {dump.meta.final_slot} final state in its last slot; speculators needs "
+                    "the pre-norm one (the request asks for it: the server must honour hsextract_final_prenorm)",
+                )
+            # the server's FP8 bytes and scales as they are: no dequantize, no requantize
+            tensors = {
+                "token_ids": token_ids,
+                "hidden_states": dump.hidden_states,
+                "hidden_states_scales": dump.hidden_states_scales,
+            }
+        else:
+            aux, _ = dump.plain_states("the speculators writer")
+            if dump.final_prenorm_hidden_state is None:
+                raise DumpError(
+                    ErrorReason.MISSING_FINAL_PRENORM,
+                    f"dump {dump.rid} has no final_prenorm_hidden_state, which speculators needs",
+                )
+            tensors = {
+                "token_ids": token_ids,
+                "hidden_states": torch.cat([aux, dump.final_prenorm_hidden_state.unsqueeze(1)], dim=1),
+            }
         path = self.sample_path(sample.row)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = temp_path(path)
         try:
-            save_file({"token_ids": dump.input_ids.to(torch.int64), "hidden_states": stacked}, str(tmp))
+            save_file(tensors, str(tmp))
             written = WrittenFile(tmp.stat().st_size, file_checksum(tmp))
             os.replace(tmp, path)
         except BaseException:
@@ -66,6 +149,7 @@ class SpeculatorsFormat(OutputFormat):
             loss_mask=None,
             aux_hidden_states=hidden[:, :-1],
             final_hidden_state=hidden[:, -1],
+            hidden_states_scales=tensors.get("hidden_states_scales"),
         )
 
     def finalize(self, samples: Iterable[Sample], written_rows: set[int]) -> None:
@@ -85,6 +169,73 @@ class SpeculatorsFormat(OutputFormat):
             features=arrow_features(),
         )
         save_arrow_dataset(table, self.root / "data")
+
+    def verify_index(self, rows: set[int], problem: Callable[[str], None]) -> None:
+        """``data/`` loads, and its entry of every written row matches the row's file."""
+        import datasets
+        import torch
+
+        try:
+            data = datasets.load_from_disk(str(self.root / "data"))
+        except Exception as exc:
+            problem(f"data/ cannot be loaded with datasets.load_from_disk: {exc}")
+            return
+        for row in sorted(rows):
+            if row >= len(data):
+                problem(f"row {row} is written but data/ has only {len(data)} entries")
+                continue
+            entry = data[row]
+            try:
+                token_ids = self.read_sample(row).input_ids
+            except Exception:
+                continue  # reported with the sample
+            if not torch.equal(entry["input_ids"], token_ids) or int(entry["seq_len"]) != token_ids.shape[0]:
+                problem(f"row {row}: data/ input_ids or seq_len differ from hs_{row}.safetensors")
+
+    def merge_index(self, plan: MergePlan) -> None:
+        """One ``data/`` whose entry i is row i: each written row from its shard's ``data/``, holes elsewhere."""
+        import datasets
+
+        features = arrow_features()
+        parts = []
+        offsets: dict[int, int] = {}
+        offset = 0
+        for shard in plan.shards:
+            rows = [row for row, owner in plan.owner.items() if owner is shard]
+            if not rows:
+                continue
+            try:
+                data = datasets.load_from_disk(str(shard.path / "data"))
+            except Exception as exc:  # datasets raises several types for a missing or damaged directory
+                raise MergeError(
+                    f"{shard.label}: data/ cannot be loaded ({exc}); finish it first: {shard.finish_command()}"
+                ) from None
+            if len(data) <= max(rows):
+                raise MergeError(
+                    f"{shard.label}: data/ has {len(data)} entries but the shard wrote row {max(rows)}; "
+                    f"finish it first: {shard.finish_command()}"
+                )
+            parts.append(data.with_format(None).cast(features))
+            offsets[id(shard)] = offset
+            offset += len(data)
+        hole = offset
+        parts.append(
+            datasets.Dataset.from_dict(
+                {"input_ids": [[]], "loss_mask": [[]], "seq_len": [0], "written": [False]}, features=features
+            )
+        )
+        combined = datasets.concatenate_datasets(parts)
+        indices = [offsets[id(plan.owner[row])] + row if row in plan.owner else hole for row in range(plan.last_written_row + 1)]
+        merged = combined.select(indices)
+        written = list(merged["written"])
+        wrong = [row for row in plan.owner if not written[row]]
+        if wrong:
+            shard = plan.owner[wrong[0]]
+            raise MergeError(
+                f"{shard.label}: data/ marks row {wrong[0]} as not written although samples.jsonl lists it; "
+                f"repair the shard first: {shard.finish_command()}"
+            )
+        save_arrow_dataset(merged.flatten_indices(), self.root / "data")
 
 
 def arrow_features() -> Any:
