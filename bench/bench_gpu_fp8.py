@@ -61,6 +61,16 @@ def one_run(url: str, data: Path, output: Path, args: argparse.Namespace, storag
     }
 
 
+def keep_rows(output: Path, into: Path, rows: int) -> None:
+    """The first rows' sample files, kept for the error figures; the rest of the output goes (disk space)."""
+    shutil.rmtree(into, ignore_errors=True)
+    (into / "hidden_states").mkdir(parents=True)
+    for row in range(rows):
+        name = f"hidden_states/hs_{row}.safetensors"
+        shutil.copyfile(output / name, into / name)
+    shutil.rmtree(output)
+
+
 def errors(fp8_out: Path, bf16_out: Path, rows: int, device: torch.device) -> dict[str, Any]:
     stored: dict[str, list[float]] = {"frob_max": [], "frob_mean": [], "amax_max": [], "amax_mean": []}
     rounding: dict[str, list[float]] = {k: [] for k in stored}
@@ -153,12 +163,12 @@ def main() -> int:
         for repeat in range(args.repeats):
             order = [None, FP8_STORAGE] if repeat % 2 == 0 else [FP8_STORAGE, None]
             for storage in order:
-                output = disk / ("fp8" if storage else "bf16")
-                shutil.rmtree(output, ignore_errors=True)
-                runs.append(one_run(url, data, output, args, storage, tokens))
+                name = "fp8" if storage else "bf16"
+                runs.append(one_run(url, data, disk / name, args, storage, tokens))
                 log.info("%s", runs[-1])
                 results.update(runs=runs)
-        results.update(error=errors(disk / "fp8", disk / "bf16", min(args.error_rows, args.rows), device))
+                keep_rows(disk / name, disk / f"kept-{name}", min(args.error_rows, args.rows))
+        results.update(error=errors(disk / "kept-fp8", disk / "kept-bf16", min(args.error_rows, args.rows), device))
         by = {s: [r for r in runs if r["storage"] == s] for s in ("bfloat16", FP8_STORAGE)}
         rate = {s: statistics.median(r["tokens_per_s"] for r in rs) for s, rs in by.items()}
         per_token = {s: statistics.median(r["bytes_per_token"] for r in rs) for s, rs in by.items()}
