@@ -367,10 +367,26 @@ def test_disable_custom_all_reduce_from_the_inventory_to_the_sglang_command(tmp_
                 mode: "0644"
               vars:
                 hsx_disable_custom_all_reduce: false
+            - ansible.builtin.copy:
+                content: "{{{{ _hsx_server_config | to_nice_yaml }}}}"
+                dest: {tmp_path}/fp8.yaml
+                mode: "0644"
+              vars:
+                hsx_hidden_dtype: float8_e4m3fn
+                hsx_output_format: speculators
         """)
     )
     result = run_playbook(str(playbook), None, "-e", "ansible_python_interpreter=" + str(ANSIBLE_BIN / "python"))
     assert result.rc == 0, result.output
+    # FP8 dumps (hsx_hidden_dtype float8_e4m3fn) reach the SGLang hook's config; the others have no storage key
+    fp8 = yaml.safe_load((tmp_path / "fp8.yaml").read_text())
+    assert fp8["storage"] == "float8_e4m3fn" and "storage" not in yaml.safe_load((tmp_path / "on.yaml").read_text())
+    assert fp8["final_prenorm"] is True, "speculators stores the pre-norm final state: the hook must dump it"
+    proc = subprocess.run(
+        [str(hsextract), "launch-sglang", "--config", str(tmp_path / "fp8.yaml"), "--dry-run"], capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0 and '"storage":"float8_e4m3fn"' in proc.stdout, proc.stdout + proc.stderr
     for name, wanted in (("on", True), ("off", False)):
         rendered = yaml.safe_load((tmp_path / f"{name}.yaml").read_text())
         assert rendered["disable_custom_all_reduce"] is wanted, rendered
