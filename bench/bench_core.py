@@ -181,16 +181,20 @@ def forward_seconds(model: Path, samples: list[Sample], args: argparse.Namespace
         engine.shutdown()
 
 
-def extract_seconds(url: str, data: Path, output: Path, args: argparse.Namespace, expected: int) -> float:
-    """Wall seconds of ``Extraction.run()`` into a fresh ``output``; fails unless every row was written."""
+def extract_seconds(
+    url: str, data: Path, output: Path, args: argparse.Namespace, expected: int, **settings: str
+) -> tuple[float, int]:
+    """Wall seconds of ``Extraction.run()`` into a fresh ``output`` and the bytes it wrote; fails unless every
+    row was written. ``settings``: further ExtractConfig keys (``format``, ``storage``)."""
     fields = {"server": url, "dataset": data, "output": output, "concurrency": args.concurrency, "log_interval_s": 3600.0}
-    config = ExtractConfig.model_validate(fields)
+    config = ExtractConfig.model_validate({**fields, **settings})
     started = time.perf_counter()
     summary = Extraction(config).run()
     elapsed = time.perf_counter() - started
     if summary.status != "complete" or summary.written_now != expected:
         raise RuntimeError(f"extraction ended {summary.status} with {summary.written_now}/{expected} rows written")
-    return elapsed
+    written = sum(json.loads(line)["bytes"] for line in (output / "samples.jsonl").read_text().splitlines())
+    return elapsed, written
 
 
 def bench_e2e(work: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -206,11 +210,16 @@ def bench_e2e(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     with open(log_path, "wb") as server_log:
         server = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT)
     fwd, e2e, plan = [], [], []  # seconds per repeat
+    storages: dict[str, list[tuple[float, int]]] = {"auto": [], "float8_e4m3fn": []}  # speculators: (seconds, bytes)
     try:
         _wait_healthy(url, server, 300.0, log_path)
         for repeat in range(args.e2e_repeats):  # alternating, so drift on a shared machine hits both alike
             fwd.append(forward_seconds(model, samples, args))
-            e2e.append(extract_seconds(url, data, work / f"output-{repeat}", args, n))
+            e2e.append(extract_seconds(url, data, work / f"output-{repeat}", args, n)[0])
+            for storage in storages if repeat % 2 == 0 else reversed(storages):
+                out = work / f"speculators-{storage}-{repeat}"
+                storages[storage].append(extract_seconds(url, data, out, args, n, format="speculators", storage=storage))
+                shutil.rmtree(out)
             started = time.perf_counter()
             load_samples(data)
             plan.append(time.perf_counter() - started)
@@ -239,6 +248,19 @@ def bench_e2e(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         "plan_seconds_estimate": plan,
         "samples": n,
         "tokens": tokens,
+        "speculators_model_dtype_vs_fp8": {"model_dtype": args.model_dtype, **storage_figures(storages, tokens)},
+    }
+
+
+def storage_figures(runs: dict[str, list[tuple[float, int]]], tokens: int) -> dict[str, Any]:
+    """The speculators format stored in the model's dtype (``auto``) and as FP8, side by side (issue 17)."""
+    rate = {s: tokens / statistics.median(r[0] for r in rs) for s, rs in runs.items()}
+    per_token = {s: statistics.median(r[1] for r in rs) / tokens for s, rs in runs.items()}
+    return {
+        "tokens_per_s": rate,
+        "bytes_per_token": per_token,
+        "fp8_vs_model_dtype_tokens_per_s_ratio": rate["float8_e4m3fn"] / rate["auto"],
+        "fp8_vs_model_dtype_bytes_ratio": per_token["float8_e4m3fn"] / per_token["auto"],
     }
 
 
@@ -292,6 +314,14 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         lines.append(
             f"fp8 dump       {result['fp8_dump_bytes']} bytes vs bf16 {result['bf16_dump_bytes']} "
             f"({result['fp8_vs_bf16_dump_bytes_ratio']:.3f})"
+        )
+    if "speculators_model_dtype_vs_fp8" in result:
+        side = result["speculators_model_dtype_vs_fp8"]
+        rate, size = side["tokens_per_s"], side["bytes_per_token"]
+        lines.append(
+            f"speculators    {side['model_dtype']}: {size['auto']:.0f} bytes/token, {rate['auto']:.0f} tokens/s; fp8: "
+            f"{size['float8_e4m3fn']:.0f} bytes/token, {rate['float8_e4m3fn']:.0f} tokens/s "
+            f"(bytes x{side['fp8_vs_model_dtype_bytes_ratio']:.3f}, tokens/s x{side['fp8_vs_model_dtype_tokens_per_s_ratio']:.2f})"
         )
     return lines
 
