@@ -321,7 +321,8 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         lines.append(
             f"speculators    {side['model_dtype']}: {size['auto']:.0f} bytes/token, {rate['auto']:.0f} tokens/s; fp8: "
             f"{size['float8_e4m3fn']:.0f} bytes/token, {rate['float8_e4m3fn']:.0f} tokens/s "
-            f"(bytes x{side['fp8_vs_model_dtype_bytes_ratio']:.3f}, tokens/s x{side['fp8_vs_model_dtype_tokens_per_s_ratio']:.2f})"
+            f"(bytes x{side['fp8_vs_model_dtype_bytes_ratio']:.3f}, "
+            f"tokens/s x{side['fp8_vs_model_dtype_tokens_per_s_ratio']:.2f})"
         )
     return lines
 
