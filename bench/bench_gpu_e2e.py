@@ -549,25 +549,14 @@ def sync_warnings(into: list[str], enabled: bool) -> Iterator[None]:
 
 
 # -- main -------------------------------------------------------------------------------------------------
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_workload_args(parser: argparse.ArgumentParser) -> None:
+    """The model's shape, the dataset and the extractor's concurrency: the flags every GPU benchmark shares."""
     add = parser.add_argument
-    add("--out", type=Path, default=Path("bench/results-gpu-e2e.json"), help="result JSON (default: %(default)s)")
-    add(
-        "--disk-dir", type=Path, default=Path(__file__).resolve().parent / "work", help="local disk scratch (default: bench/work)"
-    )
-    add(
-        "--tmpfs-dir",
-        type=Path,
-        default=Path("/dev/shm"),
-        help="tmpfs scratch: model, dumps, (c)'s output (default: %(default)s)",
-    )
     add("--rows", type=int, default=2000)
     add("--median", type=int, default=735, help="median prompt length")
     add("--sigma", type=float, default=0.6, help="log-normal sigma of the lengths")
     add("--longest", type=int, default=4096, help="the longest row's length")
     add("--max-seq-len", type=int, default=2048, help="the extractor truncates to this")
-    add("--max-batch-tokens", type=int, default=16384, help="token budget of one forward, (a) and the server")
     add("--chunked-prefill-size", type=int, default=2048)
     add(
         "--concurrency",
@@ -582,6 +571,23 @@ def parse_args() -> argparse.Namespace:
     add("--kv-heads", type=int, default=8)
     add("--vocab", type=int, default=128256)
     add("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--out", type=Path, default=Path("bench/results-gpu-e2e.json"), help="result JSON (default: %(default)s)")
+    add(
+        "--disk-dir", type=Path, default=Path(__file__).resolve().parent / "work", help="local disk scratch (default: bench/work)"
+    )
+    add(
+        "--tmpfs-dir",
+        type=Path,
+        default=Path("/dev/shm"),
+        help="tmpfs scratch: model, dumps, (c)'s output (default: %(default)s)",
+    )
+    add_workload_args(parser)
+    add("--max-batch-tokens", type=int, default=16384, help="token budget of one forward, (a) and the server")
     add("--reference-rows", type=int, default=8, help="rows of (c)'s output compared with a plain forward")
     add("--skip", default="", help="comma-separated phases to skip: a,b,c,d,ref")
     add("--cpu-smoke", action="store_true", help="toy sizes on the CPU: checks the script end to end, measures nothing")
