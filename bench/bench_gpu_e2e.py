@@ -403,6 +403,16 @@ def start_server(
     return server, f"http://127.0.0.1:{port}"
 
 
+def stop_server(server: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (the server flushes its dumps), SIGKILL after 60 s."""
+    server.terminate()
+    try:
+        server.wait(60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
 def wait_healthy(url: str, server: subprocess.Popen[bytes], log_path: Path, timeout_s: float = 900.0) -> float:
     started = time.perf_counter()
     while time.perf_counter() - started < timeout_s and server.poll() is None:
@@ -686,12 +696,7 @@ def main() -> int:
         print(json.dumps(summary, indent=1))
     finally:
         if server is not None:
-            server.terminate()
-            try:
-                server.wait(60)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+            stop_server(server)
             log_copy = args.out.with_name(args.out.stem + "-server.log")
             shutil.copyfile(disk / "server.log", log_copy)
         shutil.rmtree(disk, ignore_errors=True)

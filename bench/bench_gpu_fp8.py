@@ -174,11 +174,7 @@ def main() -> int:
         print(json.dumps({**headline, "error": results.data["error"]}, indent=1))
     finally:
         if server is not None:
-            server.terminate()
-            try:
-                server.wait(60)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            e2e.stop_server(server)
         shutil.rmtree(tmpfs, ignore_errors=True)
         shutil.rmtree(disk, ignore_errors=True)
     return 0

@@ -166,12 +166,7 @@ def main() -> int:
                     if record["stalls"]:
                         break  # the stacks are taken; a stalled server is not measured further
             finally:
-                server.terminate()
-                try:
-                    server.wait(60)
-                except subprocess.TimeoutExpired:
-                    server.kill()
-                    server.wait()
+                e2e.stop_server(server)
         print(json.dumps(summarize(runs), indent=1))
     finally:
         shutil.rmtree(tmpfs, ignore_errors=True)
