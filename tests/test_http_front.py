@@ -23,7 +23,13 @@ import pytest
 from hsextract.capture.embedded import EmbeddedServer
 from hsextract.capture.embedded.asgi import MAX_BODY_BYTES
 from hsextract.capture.stages import StageClock
-from hsextract.contract.generate import HEALTH_RID_PREFIX, GenerateAnswer, GenerateRequest, error_body
+from hsextract.contract.generate import (
+    HEALTH_RID_PREFIX,
+    GenerateAnswer,
+    GenerateRequest,
+    duplicate_rid_message,
+    error_body,
+)
 
 VOCAB = 1024
 
@@ -139,6 +145,34 @@ def test_every_route_answers_like_sglang(front: Any) -> None:
     unhealthy = httpx.get(f.url + "/health_generate")
     assert unhealthy.json() == error_body(503, "health forward failed: RuntimeError: device lost")
     assert unhealthy.status_code == 503
+
+
+def test_a_rid_is_refused_like_sglang_while_the_engine_holds_an_earlier_request_of_it(front: Any) -> None:
+    """Two requests of one rid would write one dump directory at once. SGLang refuses the second
+    (400 "Duplicate request ID detected") until the first is finished or aborted; so does this server,
+    until the engine has finished the first, whether or not its client is still connected."""
+    f = front()
+    f.engine.hold = True
+    gave_up: list[bool] = []
+
+    def post_and_give_up() -> None:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f.url + "/generate", json=generate_body("dup", [1, 2]), timeout=0.5)
+        gave_up.append(True)
+
+    first = threading.Thread(target=post_and_give_up)
+    first.start()
+    deadline = time.monotonic() + 10
+    while not f.engine.held:
+        assert time.monotonic() < deadline, "the first request never reached the engine"
+        time.sleep(0.02)
+    first.join()
+    assert gave_up, "the first client gave up (read timeout); the engine still holds its request"
+    again = httpx.post(f.url + "/generate", json=generate_body("dup", [1, 2]))
+    assert again.status_code == 400 and again.json() == error_body(400, duplicate_rid_message("dup"))
+    f.engine.hold = False
+    f.engine.release("dup")
+    assert httpx.post(f.url + "/generate", json=generate_body("dup", [1, 2])).status_code == 200
 
 
 def test_keep_alive_serves_many_requests_on_one_connection(front: Any) -> None:

@@ -1,8 +1,9 @@
 """RowWorker alone, against a real HTTP peer that writes real dump files the way a server does.
 
 The peer writes each request's dump (``contract.dumps.write_dump``) and then answers, answers late,
-never answers, or fails with HTTP 500: the worker must settle each row from its dump whatever the
-answer does, and retry a row whose answer came without a dump.
+never answers, fails with HTTP 500, or refuses a rid it still holds as SGLang does (400 "Duplicate
+request ID"): the worker must settle each row from its dump whatever the answer does, retry a row
+whose answer came without a dump, and send a held rid again once it is let go.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import torch
 
 from hsextract.config import ExtractConfig
 from hsextract.contract.dumps import DumpSource, write_dump
-from hsextract.contract.generate import GenerateAnswer, GenerateRequest
+from hsextract.contract.generate import GenerateAnswer, GenerateRequest, duplicate_rid_message, error_body
 from hsextract.contract.states import ErrorReason
+from hsextract.extract import row_worker
 from hsextract.extract.client import ServerClient
 from hsextract.extract.dataset import Sample
 from hsextract.extract.dump_checks import DumpExpectation
@@ -30,6 +32,7 @@ from hsextract.extract.manifest import Manifest
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.open_requests import OpenRequests
 from hsextract.extract.row_worker import RowWorker
+from hsextract.extract.server_gate import ServerGate
 
 AUX, HIDDEN = [1, 3, 4], 8
 SOURCE = DumpSource("test-peer", "0", "/models/peer", AUX, [a + 1 for a in AUX], final_layer_id=7)
@@ -41,12 +44,15 @@ Behaviour = tuple[bool, float | None, int]
 class _Peer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, dump_dir: Path, behave: Callable[[str, int], Behaviour]) -> None:
+    def __init__(
+        self, dump_dir: Path, behave: Callable[[str, int], Behaviour], port: int = 0, calls: dict[str, int] | None = None
+    ) -> None:
         self.dump_dir = dump_dir
         self.behave = behave
-        self.calls: dict[str, int] = {}
+        self.calls: dict[str, int] = {} if calls is None else calls
         self.release = threading.Event()
-        super().__init__(("127.0.0.1", 0), _Handler)
+        self.answered = threading.Event()
+        super().__init__(("127.0.0.1", port), _Handler)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -56,6 +62,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         pass
+
+    def do_GET(self) -> None:  # /health, /health_generate
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
 
     def do_POST(self) -> None:
         request = GenerateRequest.parse(json.loads(self.rfile.read(int(self.headers["Content-Length"]))), 1000)
@@ -70,12 +83,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.release.wait()
             return
         self.server.release.wait(delay)
-        body = json.dumps(GenerateAnswer(request.rid, len(request.input_ids)).to_json()).encode()
+        answer = GenerateAnswer(request.rid, len(request.input_ids)).to_json()
+        body = json.dumps(error_body(400, duplicate_rid_message(request.rid)) if status == 400 else answer).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")  # a peer that goes away leaves no connection behind
         self.end_headers()
         self.wfile.write(body)
+        self.close_connection = True
+        self.server.answered.set()
 
 
 @pytest.fixture
@@ -83,13 +100,30 @@ def run_row(tmp_path: Path) -> Iterator[Callable[..., tuple[Ledger, _Peer, float
     peers: list[_Peer] = []
     clients: list[ServerClient] = []
 
-    def run(behave: Callable[[str, int], Behaviour], **settings: object) -> tuple[Ledger, _Peer, float]:
+    def run(
+        behave: Callable[[str, int], Behaviour], restart_after_answer: bool = False, **settings: object
+    ) -> tuple[Ledger, _Peer, float]:
+        """``restart_after_answer``: the peer goes away once it has answered, and another one (the same
+        behaviour and call count) takes its port 0.5 s later, as a server killed and restarted."""
         dump_dir = tmp_path / "dumps"
         dump_dir.mkdir(mode=0o700, exist_ok=True)
         peer = _Peer(dump_dir, behave)
         peers.append(peer)
         threading.Thread(target=peer.serve_forever, daemon=True).start()
-        url = f"http://127.0.0.1:{peer.server_address[1]}"
+        port = peer.server_address[1]
+        url = f"http://127.0.0.1:{port}"
+
+        def restart() -> None:
+            peer.answered.wait()
+            peer.shutdown()
+            peer.server_close()
+            time.sleep(0.5)
+            again = _Peer(dump_dir, behave, port=port, calls=peer.calls)
+            peers.append(again)
+            threading.Thread(target=again.serve_forever, daemon=True).start()
+
+        if restart_after_answer:
+            threading.Thread(target=restart, daemon=True).start()
         cfg = ExtractConfig(server=url, dataset=tmp_path / "d.jsonl", output=tmp_path / "out", **settings)  # type: ignore[arg-type]
         client = ServerClient(url, request_timeout_s=600)
         clients.append(client)
@@ -101,7 +135,7 @@ def run_row(tmp_path: Path) -> Iterator[Callable[..., tuple[Ledger, _Peer, float
         expect = DumpExpectation(AUX, [a + 1 for a in AUX], HIDDEN, "float32", False)
         worker = RowWorker(
             cfg, client, ledger, metrics, open_format("specforge", tmp_path / "out"), dump_dir, lambda dump: expect,
-            OpenRequests(), final_prenorm=False,
+            OpenRequests(), ServerGate(client, ledger, metrics, timeout_s=5), final_prenorm=False,
         )  # fmt: skip
         started = time.monotonic()
         worker.process(Sample(row=3, input_ids=list(range(1, 11)), loss_mask=[1] * 10, original_length=10), "hash")
@@ -138,3 +172,27 @@ def test_an_answer_without_a_dump_waits_dump_timeout_then_retries(run_row) -> No
     ledger, peer, _ = run_row(lambda rid, call: (call > 1, 0.0, 200), dump_timeout_s=0.3, max_attempts=2)
     assert set(ledger.manifest.written) == {3} and peer.calls == {"hsx-000000003-n10": 2}
     assert ledger.metrics.registry.get_sample_value("hsextract_errors_total", {"reason": ErrorReason.DUMP_TIMEOUT.value}) == 1
+
+
+def test_a_rid_the_server_still_holds_is_sent_again_once_let_go_without_spending_a_try(run_row) -> None:
+    """SGLang answers 400 "Duplicate request ID detected" while it holds an earlier request of the rid
+    (cancelled a moment ago: it notices a closed connection only every 4 s). That is no bad sample:
+    before, the row was recorded as bad input and left out of the output for good (CI, stop 19)."""
+    ledger, peer, took = run_row(lambda rid, call: (call == 3, 0.0, 400 if call < 3 else 200), max_attempts=1)
+    assert set(ledger.manifest.written) == {3} and not ledger.manifest.errors
+    assert peer.calls == {"hsx-000000003-n10": 3} and took >= 0.25 + 0.5  # waited between sends
+    assert ledger.metrics.registry.get_sample_value("hsextract_retries_total") == 0
+
+
+def test_a_server_killed_after_answering_is_noticed_while_the_row_waits_for_its_dump(run_row, monkeypatch) -> None:
+    """SGLang's hook writes the dump after the answer; a server killed in between never writes it.
+    Before, the row waited the whole dump_timeout_s for it (300 s by default: CI at stop 19). Now the
+    wait checks the server still takes connections, waits for it to be back, and sends the row again
+    without spending a try."""
+    monkeypatch.setattr(row_worker, "LIVENESS_PROBE_S", 0.3)
+    ledger, peer, took = run_row(
+        lambda rid, call: (call > 1, 0.0, 200), restart_after_answer=True, dump_timeout_s=120, max_attempts=1
+    )
+    assert set(ledger.manifest.written) == {3} and not ledger.manifest.errors
+    assert peer.calls == {"hsx-000000003-n10": 2} and took < 30
+    assert ledger.metrics.registry.get_sample_value("hsextract_server_outages_total") == 1

@@ -98,6 +98,8 @@ def _cmd_extract(args: argparse.Namespace) -> int:
         f"  dumps taken up at most {summary.longest_dump_pickup_s:.2f} s after they were complete; "
         f"{summary.late_answers} rows written before their HTTP answer came (hsextract_late_answers_total)"
     )
+    if summary.server_outages:
+        print(f"  waited through {summary.server_outages} server outage(s) mid-run (hsextract_server_outages_total)")
     for line in summary.hints:
         print(f"  {line}")
     if summary.status is RunStatus.STOPPED:

@@ -107,6 +107,12 @@ class ExtractConfig(_Strict):
         "the server has no trace of",
     )
     health_timeout_s: float = Field(120.0, ge=0, description="how long to wait for the server's HTTP 200 at start")
+    server_down_timeout_s: float = Field(
+        1800.0,
+        ge=0,
+        description="mid-run, how long to wait for a server that stopped taking connections (a restart: a Kimi-size "
+        "model loads in 15-25 min) before the run stops; no row is failed meanwhile",
+    )
     max_attempts: int = Field(3, gt=0, description="tries per sample before it is recorded as failed")
     max_consecutive_failures: int = Field(
         8, gt=0, description="stop the run after this many samples in a row failed after all their tries"

@@ -8,6 +8,8 @@
     ├── DatasetError              the dataset as a whole cannot be read
     ├── ServerError               the server is unreachable, unhealthy or kept failing
     │   ├── TransientServerError  one failure worth retrying: refused, reset, timeout, HTTP 5xx
+    │   │   ├── ServerUnreachableError  no connection at all: the server is down or restarting
+    │   │   └── RidInUseError     the server still holds an earlier request of this rid (HTTP 400)
     │   └── WrongServerError      not an SGLang endpoint (401/403/404/405, HTML): never retried
     ├── DiskSpaceError            not enough free space for the estimated output
     │   └── DiskFullError         the output or dump filesystem filled up during the run
@@ -66,6 +68,16 @@ class TransientServerError(ServerError):
     """A failure worth retrying: connection refused or reset, timeout, HTTP 5xx."""
 
     retryable = True
+
+
+class ServerUnreachableError(TransientServerError):
+    """No connection could be made: the server is down or restarting. The run waits for it to come
+    back (up to ``health_timeout_s``) instead of spending the row's tries."""
+
+
+class RidInUseError(TransientServerError):
+    """The server still holds an earlier request of this rid (SGLang's HTTP 400 "Duplicate request
+    ID"): the earlier request was cancelled or is unfinished. Sent again once the server lets go."""
 
 
 class WrongServerError(ServerError):

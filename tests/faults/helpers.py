@@ -191,8 +191,8 @@ class ServerProcess:
 def server_process(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
     started: list[ServerProcess] = []
 
-    def start(model: Path, dump_dir: Path | None = None, *extra: str) -> ServerProcess:
-        port = free_port()
+    def start(model: Path, dump_dir: Path | None = None, *extra: str, port: int | None = None) -> ServerProcess:
+        port = port or free_port()
         dump = dump_dir or tmp_path / f"proc-dumps{len(started)}"
         log = tmp_path / f"server{len(started)}.log"
         args = [sys.executable, "-m", "hsextract", "serve", "--model", str(model), "--dump-dir", str(dump), "--port", str(port)]

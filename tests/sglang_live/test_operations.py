@@ -128,6 +128,10 @@ def test_a_full_dump_tmpfs_holds_the_extractor_back_and_loses_nothing(server: Li
 
 
 def test_sigkill_of_the_server_mid_run_then_restart_and_resume_gives_the_clean_output(server: LiveServer, tmp_path: Path) -> None:
+    """The run waits for the restarted server (server_gate) and ends complete by itself; a rerun then
+    has nothing to do. Before, the rows in flight spent their tries against the refused connection,
+    and once a watchdog resend met SGLang's 400 for the rid it still held, a row was recorded as bad
+    input and left out of the output for good (CI at stop 19: 11 samples of 12)."""
     lengths = [60 + (i * 29) % 140 for i in range(12)]
     dataset = write_dataset(tmp_path / "data.jsonl", lengths, seed=41)
     args = ("--format", "speculators", "--concurrency", "1")
@@ -136,7 +140,7 @@ def test_sigkill_of_the_server_mid_run_then_restart_and_resume_gives_the_clean_o
 
     out = tmp_path / "killed"
     argv = [HSEXTRACT, "extract", "--server", server.url, "--dataset", str(dataset), "--output", str(out),
-            "--dump-dir", str(server.dump_dir), "--health-timeout-s", "300", *args]  # fmt: skip
+            "--dump-dir", str(server.dump_dir), "--server-down-timeout-s", "600", *args]  # fmt: skip
     log = tmp_path / "interrupted.log"
     with open(log, "wb") as handle:
         interrupted = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT)
@@ -150,7 +154,7 @@ def test_sigkill_of_the_server_mid_run_then_restart_and_resume_gives_the_clean_o
         written_at_kill = len(list((out / "hidden_states").glob("hs_*.safetensors")))
         server.start()  # through the launcher, same config
         try:
-            interrupted.wait(timeout=300)  # it waits for the server and goes on, or gives up: both are fine
+            interrupted.wait(timeout=300)  # it waits for the server and goes on
         except subprocess.TimeoutExpired:
             pytest.fail(f"the extractor neither finished nor stopped 300 s after the restart:\n{log.read_text()[-3000:]}")
     finally:
@@ -158,12 +162,14 @@ def test_sigkill_of_the_server_mid_run_then_restart_and_resume_gives_the_clean_o
             interrupted.kill()
             interrupted.wait()
     assert written_at_kill < len(lengths), "the run was over before the kill"
+    outcome = log.read_text()
+    assert interrupted.returncode == 0 and "waited through 1 server outage(s)" in outcome, outcome[-3000:]
     resumed = extract(server, dataset, out, *args)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     config, reference = data_config(out), data_config(tmp_path / "clean")
     for key in ("status", "total_samples", "total_tokens", "layer_ids", "failed_samples", "hidden_size"):
         assert config[key] == reference[key], key
-    assert errors(out) == []
+    assert errors(out) == [] and "written now 0, already done 12" in resumed.stdout, resumed.stdout[-2000:]
     for row in range(len(lengths)):
         name = f"hidden_states/hs_{row}.safetensors"
         assert (out / name).read_bytes() == (tmp_path / "clean" / name).read_bytes(), f"row {row} differs from the clean run"

@@ -132,3 +132,25 @@ class GenerateAnswer:
 def error_body(status: int, message: str) -> dict[str, Any]:
     """SGLang's error answer: ``{"error": {"message": ..., "code": status}}``."""
     return {"error": {"message": message, "code": status}}
+
+
+def error_message(body: Any) -> str | None:
+    """The message of an :func:`error_body`, None when ``body`` is not one."""
+    error = body.get("error") if isinstance(body, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) else None
+
+
+#: SGLang's HTTP 400 message for a rid it still holds (``TokenizerManager``: ``Duplicate request ID
+#: detected: <rid>``). A server holds a rid until that request is finished or, after its client went
+#: away, aborted: SGLang notices a closed connection only every few seconds. The embedded server
+#: answers the same; the client waits for the rid to be let go (never a bad sample).
+DUPLICATE_RID_PREFIX = "Duplicate request ID detected: "
+
+
+def duplicate_rid_message(rid: str) -> str:
+    return f"{DUPLICATE_RID_PREFIX}{rid}"
+
+
+def is_duplicate_rid(message: str | None) -> bool:
+    return message is not None and message.startswith(DUPLICATE_RID_PREFIX)

@@ -3,7 +3,10 @@
 Answers are classified for what they mean (``/generate``):
 
 * 200 with a JSON body: done.
-* 400 with a JSON body: the server refuses this prompt -> :class:`BadSampleError` ``server_rejected``.
+* 400 "Duplicate request ID detected: <rid>": the server still holds an earlier request of this rid
+  -> :class:`RidInUseError`, sent again once it lets go (never a bad sample).
+* 400 with another JSON body: the server refuses this prompt -> :class:`BadSampleError` ``server_rejected``.
+* no connection at all -> :class:`ServerUnreachableError`: the run waits for the server to come back.
 * 408, 429, 5xx, a timeout or a dropped connection -> :class:`TransientServerError`, retried.
 * anything else -- 401/403 (an auth layer), 404/405 (a wrong path or port), another 4xx, a 3xx,
   or a body that is HTML or not JSON (a proxy's page) -> :class:`WrongServerError`: the URL is not
@@ -36,12 +39,21 @@ from hsextract.contract.generate import (
     SERVER_INFO_PATHS,
     GenerateAnswer,
     GenerateRequest,
+    error_message,
+    is_duplicate_rid,
 )
 from hsextract.contract.model_config import read_model_config
 from hsextract.contract.model_fingerprint import model_fingerprint
 from hsextract.contract.server_info import ServerInfo
 from hsextract.contract.states import ErrorReason
-from hsextract.errors import BadSampleError, ServerError, TransientServerError, WrongServerError
+from hsextract.errors import (
+    BadSampleError,
+    RidInUseError,
+    ServerError,
+    ServerUnreachableError,
+    TransientServerError,
+    WrongServerError,
+)
 from hsextract.extract.http_threads import KEEPALIVE_EXPIRY_S, RequestsCancelled, ThreadedHTTP
 
 log = logging.getLogger(__name__)
@@ -102,9 +114,7 @@ class PendingAnswer:
 
 
 class ServerClient:
-    def __init__(
-        self, base_url: str, request_timeout_s: float = 600.0, keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S
-    ) -> None:
+    def __init__(self, base_url: str, request_timeout_s: float = 600.0, keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S) -> None:
         self.base_url = base_url.rstrip("/")
         timeout = httpx.Timeout(request_timeout_s, connect=10.0)
         self._http = ThreadedHTTP(self.base_url, timeout, MAX_REQUEST_THREADS, keepalive_expiry_s)
@@ -128,6 +138,7 @@ class ServerClient:
             return self._http.call(get)
         except RequestsCancelled as exc:
             raise httpx.TransportError(str(exc)) from exc
+
     def _wrong_server(self, method: str, path: str, response: httpx.Response, what: str) -> WrongServerError:
         return WrongServerError(
             f"{method} {self.base_url}{path} answered HTTP {response.status_code} "
@@ -168,6 +179,16 @@ class ServerClient:
         except httpx.HTTPError:
             return False
 
+    def reachable(self) -> bool:
+        """False only when no connection can be made (the server is down); a slow or failing answer is reachable."""
+        try:
+            self._get(HEALTH_PATH, 10.0)
+        except (httpx.ConnectError, httpx.ConnectTimeout):
+            return False
+        except httpx.HTTPError:
+            pass
+        return True
+
     def server_info(self, vocab_override: int | None = None) -> ServerInfo:
         """The server's identity, completed from the model's config.json where readable."""
         info = self._server_info_json()
@@ -204,6 +225,10 @@ class ServerClient:
         def post(client: httpx.Client) -> GenerateAnswer:
             try:
                 response = client.post(GENERATE_PATH, json=body)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                raise ServerUnreachableError(
+                    f"{GENERATE_PATH} for {request.rid}: no connection to {self.base_url} ({type(exc).__name__}: {exc})"
+                ) from exc
             except httpx.TimeoutException as exc:
                 raise TransientServerError(f"{GENERATE_PATH} for {request.rid} timed out: {exc}") from exc
             except httpx.HTTPError as exc:
@@ -226,6 +251,8 @@ class ServerClient:
         if status in _RETRIED or status >= 500:
             raise TransientServerError(f"{GENERATE_PATH} for {rid} answered HTTP {status}: {response.text[:300]}")
         body = _json_body(response)
+        if status == 400 and is_duplicate_rid(error_message(body)):
+            raise RidInUseError(f"the server still holds an earlier request of {rid} (HTTP 400: {response.text[:200]})")
         if status == 400 and body is not None:
             raise BadSampleError(ErrorReason.SERVER_REJECTED, f"server refused {rid} with HTTP 400: {response.text[:300]}")
         if status != 200:

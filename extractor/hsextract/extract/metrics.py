@@ -82,6 +82,11 @@ class ExtractMetrics:
             "Requests the stall watchdog sent again because the server had no trace of them",
             registry=r,
         )
+        self.server_outages = Counter(
+            "hsextract_server_outages",
+            "Times the server stopped taking connections mid-run and the run waited for it to come back",
+            registry=r,
+        )
         # Every series exists from the start at 0: panels and rate() show 0, not "no data".
         for status in SAMPLE_STATUSES:
             self.samples.labels(status)

@@ -35,24 +35,32 @@ class OpenRequest:
     directory: Path
     opened: float = field(default_factory=time.monotonic)
     pending: PendingAnswer | None = None  # the request of the current attempt
-    _resend: threading.Event = field(default_factory=threading.Event)
+    # the request the watchdog cancelled to have it sent again; only that one is resent
+    _resend_of: PendingAnswer | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def sent(self, pending: PendingAnswer) -> None:
-        self.pending = pending
+        with self._lock:
+            self.pending = pending
 
-    def request_resend(self) -> None:
-        """Cancel the current request and have the row's worker send it again."""
-        pending = self.pending  # taken first: the worker may send the next request at once
-        self._resend.set()
-        if pending is not None:
-            pending.cancel()
+    def request_resend(self) -> bool:
+        """Cancel the request now open and have the row's worker send it again. False when no request
+        is open (the worker waits between tries, or reads the dump): nothing to resend, and a later
+        request of the row must not be taken for this one."""
+        with self._lock:
+            pending = self.pending
+            if pending is None or pending.done():
+                return False
+            self._resend_of = pending
+        pending.cancel()
+        return True
 
     def take_resend(self) -> bool:
-        """True once after :meth:`request_resend`."""
-        if self._resend.is_set():
-            self._resend.clear()
-            return True
-        return False
+        """True once after :meth:`request_resend`, while the cancelled request is still the current one."""
+        with self._lock:
+            wanted = self._resend_of is not None and self._resend_of is self.pending
+            self._resend_of = None
+            return wanted
 
 
 class OpenRequests:
@@ -138,7 +146,9 @@ class StallWatchdog:
             return 0
         self._last_alarm = now
         traced = [(e, self._trace(e.directory)) for e in entries]
-        resend = [e for e, trace in traced if not trace and now - e.opened >= self.stall_timeout_s]
+        traceless = [e for e, trace in traced if not trace and now - e.opened >= self.stall_timeout_s]
+        sent_again = [e for e in traceless if e.request_resend()]
+        self.metrics.resends.inc(len(sent_again))
         listed = ", ".join(
             f"row {e.row} {now - e.opened:.0f} s ({'dump started' if trace else 'no trace on the server'})"
             for e, trace in traced[:LISTED]
@@ -151,9 +161,6 @@ class StallWatchdog:
             len(entries),
             listed,
             more,
-            len(resend),
+            len(sent_again),
         )
-        for entry in resend:
-            entry.request_resend()
-            self.metrics.resends.inc()
-        return len(resend)
+        return len(sent_again)

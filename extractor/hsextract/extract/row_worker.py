@@ -6,7 +6,9 @@ whether or not the answer has come. An answer that has not followed ``answer_gra
 logged once, counted (``hsextract_late_answers_total``) and cancelled, never waited on. The
 other way round, an answer without a dump waits ``dump_timeout_s`` for it (the SGLang hook writes
 after answering). What a failure means (retry, skip the row, stop the run) is the error's own
-``fatal`` / ``retryable`` (:mod:`hsextract.errors`).
+``fatal`` / ``retryable`` (:mod:`hsextract.errors`), with two kinds that spend no try: a server that
+takes no connections is waited for (:mod:`hsextract.extract.server_gate`), and a rid the server
+still holds from an earlier request (cancelled, or unfinished) is sent again once it is let go.
 """
 
 from __future__ import annotations
@@ -24,7 +26,15 @@ from hsextract.contract.dumps import Dump, completed_at, dump_state, read_dump, 
 from hsextract.contract.generate import GenerateRequest
 from hsextract.contract.rids import make_rid
 from hsextract.contract.states import DumpState, ErrorReason
-from hsextract.errors import BadSampleError, DiskFullError, DumpError, HsextractError, TransientServerError
+from hsextract.errors import (
+    BadSampleError,
+    DiskFullError,
+    DumpError,
+    HsextractError,
+    RidInUseError,
+    ServerUnreachableError,
+    TransientServerError,
+)
 from hsextract.extract.checksum import WrittenFile
 from hsextract.extract.client import PendingAnswer, ServerClient
 from hsextract.extract.dataset import Sample
@@ -33,12 +43,19 @@ from hsextract.extract.formats.base import OutputFormat
 from hsextract.extract.ledger import Ledger, disk_full_error
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.open_requests import OpenRequest, OpenRequests
+from hsextract.extract.server_gate import ServerGate
 
 log = logging.getLogger(__name__)
 
 #: polling the dump directory while the request is open: first after this, then doubling up to the cap
 FIRST_POLL_S = 0.005
 MAX_POLL_S = 0.1
+#: how long a row waits for the server to let go of an earlier request of its rid: SGLang notices a
+#: closed connection within about 4 s (SGLANG_REQUEST_STATE_WAIT_TIMEOUT) and then aborts it; the
+#: embedded server holds it until that forward is done
+RID_RELEASE_TIMEOUT_S = 60.0
+#: waiting for a dump after the answer (normally milliseconds): how often to check the server is still up
+LIVENESS_PROBE_S = 10.0
 
 
 class _Resend(Exception):
@@ -58,6 +75,7 @@ class RowWorker:
         dump_dir: Path,
         expectation: Callable[[Dump], DumpExpectation],
         open_requests: OpenRequests,
+        gate: ServerGate,
         final_prenorm: bool,
         storage: str | None = None,
     ) -> None:
@@ -69,6 +87,7 @@ class RowWorker:
         self.dump_dir = dump_dir
         self.expectation = expectation
         self.open_requests = open_requests
+        self.gate = gate
         self.final_prenorm = final_prenorm
         #: asked per request (GenerateRequest.storage) of a server that says fp8_per_request; None: not asked
         self.storage = storage
@@ -89,9 +108,11 @@ class RowWorker:
         cfg = self.config
         directory = entry.directory
         last_error: HsextractError | None = None
-        for attempt in range(1, cfg.max_attempts + 1):
+        attempt = 0
+        while attempt < cfg.max_attempts:
             if self.stop.is_set():
                 return  # abandoned: not recorded, so the next run does it
+            attempt += 1
             remove_dump(directory)
             started = time.monotonic()
             try:
@@ -115,6 +136,11 @@ class RowWorker:
                     return  # cancelled because the run stops: not a failure
                 if entry.pending is not None and not entry.pending.done():
                     entry.pending.cancel()  # the next attempt reuses the rid: the server must not see two at once
+                if isinstance(exc, ServerUnreachableError):
+                    if not self.gate.wait_until_back(exc):
+                        return  # the run stops: not recorded, so the next run does it
+                    attempt -= 1  # the server was away: this try does not count
+                    continue
                 self._count_failure(exc)
                 last_error = exc
             else:
@@ -142,14 +168,32 @@ class RowWorker:
     def _send_until_dump(self, sample: Sample, entry: OpenRequest) -> tuple[Dump, PendingAnswer]:
         """Send the row's request (again, when the watchdog asks) until its dump is complete."""
         request = GenerateRequest(entry.rid, sample.input_ids, self.final_prenorm, self.storage)
+        held_since: float | None = None
+        delay = 0.25
         while True:
             pending = self.client.send_prefill(request)
             entry.sent(pending)
             try:
                 return self._await_dump(pending, entry.directory, entry), pending
             except _Resend:
+                pending.cancel()
                 log.info("row %d: sent again by the watchdog (the server had no trace of it)", sample.row)
                 remove_dump(entry.directory)
+            except RidInUseError:
+                # An earlier request of this rid is cancelled but not yet let go, or unfinished; it may
+                # still complete the dump, which finishes the row just as well.
+                now = time.monotonic()
+                if held_since is None:
+                    held_since = now
+                    log.info("row %d: the server still holds an earlier request of %s; sending again once it lets go",
+                             sample.row, entry.rid)  # fmt: skip
+                elif now - held_since > RID_RELEASE_TIMEOUT_S:
+                    raise
+                if self.stop.wait(delay):
+                    raise DumpError(ErrorReason.INTERRUPTED, "run stopping") from None
+                delay = min(delay * 2, 4.0)
+                if dump_state(entry.directory) is DumpState.DONE:
+                    return self._take_dump(entry.directory), pending
 
     def _await_dump(self, pending: PendingAnswer, directory: Path, entry: OpenRequest) -> Dump:
         """Wait for the answer while watching the dump; the complete dump wins either way."""
@@ -182,7 +226,9 @@ class RowWorker:
 
     def _wait_for_dump(self, directory: Path) -> Dump:
         """After the answer: the SGLang hook writes on a background thread, so the dump can land later."""
-        deadline = time.monotonic() + self.config.dump_timeout_s
+        now = time.monotonic()
+        deadline = now + self.config.dump_timeout_s
+        next_probe = now + LIVENESS_PROBE_S
         delay = 0.002
         while True:
             state = dump_state(directory)
@@ -190,7 +236,15 @@ class RowWorker:
                 return self._take_dump(directory)
             if state is DumpState.ERROR:
                 raise self._server_dump_error(directory)
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now >= next_probe:  # a server killed after answering never writes this dump
+                next_probe = now + LIVENESS_PROBE_S
+                if not self.client.reachable():
+                    raise ServerUnreachableError(
+                        f"the server answered {directory.name}, then stopped taking connections before its dump was "
+                        "written (killed or restarted): it is sent again once the server is back"
+                    )
+            if now > deadline:
                 raise DumpError(
                     ErrorReason.DUMP_TIMEOUT,
                     f"no dump appeared at {directory} within {self.config.dump_timeout_s:.0f} s after the request "

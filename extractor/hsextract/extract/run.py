@@ -58,6 +58,7 @@ from hsextract.extract.progress import Progress
 from hsextract.extract.resume_check import check_resume
 from hsextract.extract.row_worker import RowWorker
 from hsextract.extract.scan import DatasetScan, scan_dataset
+from hsextract.extract.server_gate import ServerGate
 from hsextract.extract.serving_hints import SGLangServing, summary_lines
 from hsextract.extract.stale_dumps import sweep_stale_dumps
 
@@ -85,6 +86,8 @@ class RunSummary:
     late_answers: int = 0
     #: the longest a complete dump waited before the extractor took it up
     longest_dump_pickup_s: float = 0.0
+    #: times the server stopped taking connections mid-run and the run waited for it (server_gate)
+    server_outages: int = 0
 
 
 def sweep_temp_files(root: Path) -> int:
@@ -127,6 +130,7 @@ class Extraction:
         self._lock = threading.Lock()
         self._inflight = 0
         self._identity: OutputIdentity | None = None
+        self._gate: ServerGate | None = None
         self._finished = threading.Event()
         self._interrupted_by: str | None = None  # a stop asked before the ledger exists
         self.ledger: Ledger | None = None
@@ -255,6 +259,7 @@ class Extraction:
             if not plan.exact:
                 planner.start(functools.partial(self._exact_plan, progress=progress))
             open_requests = OpenRequests()
+            gate = self._gate = ServerGate(self.client, ledger, self.metrics, cfg.server_down_timeout_s)
             worker = RowWorker(
                 cfg,
                 self.client,
@@ -264,6 +269,7 @@ class Extraction:
                 dump_dir,
                 functools.partial(self._expectation, expect),
                 open_requests,
+                gate,
                 final_prenorm=fmt.needs_final_prenorm and bool(info.final_prenorm_per_request),
                 # a server that cannot take it per request dumps what it is configured with (the SGLang hook's
                 # storage); every dump's storage is checked against the output's either way
@@ -363,6 +369,7 @@ class Extraction:
             hints=tuple(summary_lines(serving, data_config.trainer or {}, cfg.output, fmt.name)) + _storage_hint(data_config),
             late_answers=ledger.late_answers,
             longest_dump_pickup_s=ledger.longest_dump_pickup_s,
+            server_outages=self._gate.outages if self._gate is not None else 0,
         )
 
     def _exact_plan(self, plan: Plan, progress: Progress) -> None:

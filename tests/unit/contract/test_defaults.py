@@ -37,6 +37,7 @@ def test_extract_settings_the_deployment_repeats_agree() -> None:
     assert extractor["hsx_extractor_max_seq_len"] == example["hsx_max_seq_len"] == fields["max_seq_len"].default
     assert extractor["hsx_extractor_answer_grace_s"] == fields["answer_grace_s"].default
     assert extractor["hsx_extractor_stall_timeout_s"] == fields["stall_timeout_s"].default
+    assert extractor["hsx_extractor_server_down_timeout_s"] == fields["server_down_timeout_s"].default
     assert extractor["hsx_extractor_format"] == example["hsx_output_format"] == fields["format"].default
 
 

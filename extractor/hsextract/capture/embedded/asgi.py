@@ -6,7 +6,9 @@
 stages, :mod:`hsextract.capture.stages`). A ``/generate`` is answered once its dump is written.
 Errors answer like SGLang, ``{"error": {"message": ..., "code": status}}``:
 
-- 400 a body that is not a valid request (the message names what is wrong);
+- 400 a body that is not a valid request (the message names what is wrong), or SGLang's
+  "Duplicate request ID detected: <rid>" for a rid whose earlier request the engine has not
+  finished (the two would write one dump directory);
 - 404 no such route, 405 a route asked with the wrong method;
 - 413 a body longer than ``max_body_bytes`` (refused from its ``Content-Length`` before it is read;
   a chunked body as soon as it passes the limit); the connection is then closed;
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -46,6 +49,7 @@ from hsextract.contract.generate import (
     MODEL_INFO_PATH,
     SERVER_INFO_PATHS,
     GenerateRequest,
+    duplicate_rid_message,
     error_body,
 )
 from hsextract.errors import BadRequestError
@@ -129,6 +133,9 @@ class _Routes:
         self.engine = engine
         self.drain = drain
         self.max_body_bytes = max_body_bytes
+        # rids the engine holds: from submit until its future is resolved (forward done, dump written)
+        self._rids: set[str] = set()
+        self._rids_lock = threading.Lock()
 
     async def generate(self, request: Request) -> Response:
         try:
@@ -142,7 +149,10 @@ class _Routes:
             parsed = GenerateRequest.parse(json.loads(data or b"null"), self.engine.vocab_size)
         except (ValueError, BadRequestError) as exc:  # ValueError: not JSON, not UTF-8
             return _error(400, str(exc))
+        if not self._hold(parsed.rid):
+            return _error(400, duplicate_rid_message(parsed.rid))
         future = self.engine.submit(parsed.rid, parsed.input_ids, final_prenorm=parsed.final_prenorm, storage=parsed.storage)
+        future.add_done_callback(lambda _: self._let_go(parsed.rid))
         try:
             return JSONResponse(await self.drain.wait(future, GENERATE_TIMEOUT_S))
         except ShuttingDown:
@@ -155,6 +165,18 @@ class _Routes:
             return _error(503, f"request {parsed.rid} timed out in the embedded server")
         except Exception as exc:
             return _error(500, f"forward failed for {parsed.rid}: {type(exc).__name__}: {exc}")
+
+    def _hold(self, rid: str) -> bool:
+        """Take ``rid`` for a new request; False while an earlier request of it is unfinished."""
+        with self._rids_lock:
+            if rid in self._rids:
+                return False
+            self._rids.add(rid)
+            return True
+
+    def _let_go(self, rid: str) -> None:
+        with self._rids_lock:
+            self._rids.discard(rid)
 
     async def _body(self, request: Request) -> bytes:
         declared = request.headers.get("content-length")
