@@ -1,5 +1,6 @@
 """The real SGLang server under operations: the launcher's flags and refusals, a few hundred rows at
-high concurrency, a full dump tmpfs, a SIGKILL mid-run with a restart and a resume.
+high concurrency, a full dump tmpfs, a rid the server still holds, a SIGKILL mid-run with a restart
+and a resume.
 
 These run on the family the value tests started last (qwen2), so no further server start is needed;
 the SIGKILL test restarts it through the same launcher config. The last test checks that the stand-in
@@ -20,7 +21,22 @@ import httpx
 import pytest
 import yaml
 
-from .helpers import CHUNK, CPU_ARGS, DEFAULT_AUX, HSEXTRACT, LiveServer, data_config, errors, extract, write_dataset
+from hsextract.contract.generate import GenerateRequest
+from hsextract.errors import RidInUseError
+from hsextract.extract.client import ServerClient
+
+from .helpers import (
+    CHUNK,
+    CPU_ARGS,
+    DEFAULT_AUX,
+    HSEXTRACT,
+    VOCAB,
+    LiveServer,
+    data_config,
+    errors,
+    extract,
+    write_dataset,
+)
 
 FAMILY = "qwen2"
 
@@ -125,6 +141,26 @@ def test_a_full_dump_tmpfs_holds_the_extractor_back_and_loses_nothing(server: Li
     assert config["status"] == "complete" and config["total_samples"] == len(lengths), config
     assert config["total_tokens"] == sum(lengths) and errors(tmp_path / "out") == []
     assert left == [], f"dumps left on the tmpfs after the run: {left}"
+
+
+def test_a_rid_the_live_server_still_holds_is_refused_and_read_as_rid_in_use(server: LiveServer) -> None:
+    """contract.generate.DUPLICATE_RID_PREFIX against SGLang itself: a second request of a rid it still
+    holds gets its HTTP 400, which the client takes for "send it again once let go" (RidInUseError),
+    never for a bad sample; once the first is answered, the rid is free again."""
+    ids = [(i * 7919) % VOCAB for i in range(3000)]  # long enough to be in flight when the second arrives
+    client = ServerClient(server.url)
+    try:
+        first = client.send_prefill(GenerateRequest("live-duplicate-check", ids))
+        time.sleep(0.05)
+        second = client.send_prefill(GenerateRequest("live-duplicate-check", ids[:5]))
+        assert second.wait(60)
+        with pytest.raises(RidInUseError, match="still holds an earlier request of live-duplicate-check"):
+            second.result()
+        assert first.wait(120) and first.result().prompt_tokens == len(ids)
+        third = client.send_prefill(GenerateRequest("live-duplicate-check", ids[:5]))
+        assert third.wait(60) and third.result().prompt_tokens == 5
+    finally:
+        client.close()
 
 
 def test_sigkill_of_the_server_mid_run_then_restart_and_resume_gives_the_clean_output(server: LiveServer, tmp_path: Path) -> None:
