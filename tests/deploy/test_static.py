@@ -399,14 +399,14 @@ def test_disable_custom_all_reduce_from_the_inventory_to_the_sglang_command(tmp_
 
 
 def test_every_test_a_runbook_names_exists():
-    """Runbooks point at the tests that replay their procedures (tests/deploy/<file>.py::<test> or ::<test> after it)."""
+    """Runbooks point at the tests that replay their procedures (tests/<dir>/<file>.py::<test> or ::<test> after it)."""
     import ast
     import re
 
     named: list[tuple[str, str, str]] = []
     for page in sorted((REPO / "docs" / "runbooks").glob("*.md")):
         current = ""
-        for path, rest in re.findall(r"(tests/deploy/test_\w+\.py)?((?:::\w+)+)?", page.read_text()):
+        for path, rest in re.findall(r"(tests/(?:\w+/)*test_\w+\.py)?((?:::\w+)+)?", page.read_text()):
             current = path or current
             named += [(page.name, current, test) for test in re.findall(r"::(\w+)", rest)]
     assert {test for _, _, test in named} >= {
