@@ -1,6 +1,6 @@
 """The real SGLang server under operations: the launcher's flags and refusals, a few hundred rows at
-high concurrency, a full dump tmpfs, a rid the server still holds, a SIGKILL mid-run with a restart
-and a resume.
+high concurrency, a full dump tmpfs, the hook's settings read back, a rid the server still holds, a
+SIGKILL mid-run with a restart and a resume.
 
 These run on the family the value tests started last (qwen2), so no further server start is needed;
 the SIGKILL test restarts it through the same launcher config. The last test checks that the stand-in
@@ -22,6 +22,8 @@ import pytest
 import yaml
 
 from hsextract.contract.generate import GenerateRequest
+from hsextract.contract.model_config import read_model_config
+from hsextract.contract.server_info import ServerInfo
 from hsextract.errors import RidInUseError
 from hsextract.extract.client import ServerClient
 
@@ -141,6 +143,21 @@ def test_a_full_dump_tmpfs_holds_the_extractor_back_and_loses_nothing(server: Li
     assert config["status"] == "complete" and config["total_samples"] == len(lengths), config
     assert config["total_tokens"] == sum(lengths) and errors(tmp_path / "out") == []
     assert left == [], f"dumps left on the tmpfs after the run: {left}"
+
+
+def test_the_dump_hook_settings_are_read_from_the_live_server_and_another_storage_is_refused_before_any_work(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """SGLang's /server_info lists its --forward-hooks: the extractor reads the dump root, the pre-norm
+    dump and the storage from it, so an FP8 run against a model-dtype hook stops before any request."""
+    info = ServerInfo.parse(server.server_info(), read_model_config(str(server.model)))
+    assert info.engine == "sglang" and info.dump_dir == str(server.dump_dir)
+    assert info.provides_final_prenorm is True and info.hook_storage == "auto"
+    dataset = write_dataset(tmp_path / "data.jsonl", [20, 30], seed=5)
+    refused = extract(server, dataset, tmp_path / "out", "--format", "speculators", "--storage", "float8_e4m3fn")
+    assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
+    assert "asks for FP8, but the server's dump hook stores the model's dtype" in refused.stderr, refused.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_rid_the_live_server_still_holds_is_refused_and_read_as_rid_in_use(server: LiveServer) -> None:

@@ -87,7 +87,28 @@ def check_server(
             f"format {cfg.format} needs the pre-norm final state, which this server does not dump; "
             "use --format specforge or enable the pre-norm dump in the server's hook config"
         )
+    _check_hook_storage(cfg, info)
     return info, aux, dump_dir, fmt
+
+
+def _check_hook_storage(cfg: ExtractConfig, info: ServerInfo) -> None:
+    """A server whose hook dumps every request in one storage (SGLang) must dump what this output
+    stores: refused here, before any request, rather than at the first dump."""
+    if info.fp8_per_request or info.hook_storage is None:
+        return  # asked per request, or not said: every dump's storage is checked as it comes
+    server_fp8 = info.hook_storage == FP8_STORAGE
+    if cfg.fp8 and not server_fp8:
+        raise ConfigError(
+            f"--storage {cfg.storage} asks for FP8, but the server's dump hook stores the model's dtype (its config in "
+            "/server_info forward_hooks has no storage). Restart SGLang with the hook's storage float8_e4m3fn (launcher "
+            "config storage; Ansible hsx_hidden_dtype: float8_e4m3fn), or drop --storage"
+        )
+    if server_fp8 and not cfg.fp8:
+        raise ConfigError(
+            f"the server's dump hook stores every dump as {FP8_STORAGE} (its config in /server_info forward_hooks), but "
+            f"this run stores the model's dtype. Pass --storage {FP8_STORAGE} (speculators format), or restart SGLang "
+            "without the hook's storage"
+        )
 
 
 def serving_and_trainer_guards(cfg: ExtractConfig, identity: ServerInfo, aux: list[int], fmt: OutputFormat) -> SGLangServing:

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from hsextract.capture.sglang.launcher import hook_specs
+from hsextract.config import SGLangLaunchConfig
 from hsextract.contract.server_info import ServerInfo
 from hsextract.errors import ServerError
+
+KIMI = {"num_hidden_layers": 61, "hidden_size": 7168, "vocab_size": 163840, "torch_dtype": "bfloat16"}
 
 
 def test_embedded_answer_round_trips() -> None:
@@ -34,3 +40,25 @@ def test_vocab_override_and_auto_dtype() -> None:
 def test_unknown_shape_names_the_fix() -> None:
     with pytest.raises(ServerError, match="mount the model at the same path"):
         ServerInfo.parse({"model_path": "/elsewhere"}, {})
+
+
+def _sglang_info(**launch: object) -> dict[str, object]:
+    """SGLang's /server_info lists its arguments: ``forward_hooks`` as the launcher rendered them."""
+    config = SGLangLaunchConfig(model_path="/models/kimi", dump_dir="/dev/shm/hsx", num_hidden_layers=61, **launch)  # type: ignore[arg-type]
+    return {"model_path": "/models/kimi", "tp_size": 8, "forward_hooks": hook_specs(config, [1, 29, 57])}
+
+
+def test_sglang_answer_says_the_dump_hook_settings_the_launcher_rendered() -> None:
+    plain = ServerInfo.parse(_sglang_info(), KIMI)
+    assert plain.dump_dir == "/dev/shm/hsx" and plain.provides_final_prenorm is False and plain.hook_storage == "auto"
+    fp8 = ServerInfo.parse(_sglang_info(final_prenorm=True, storage="float8_e4m3fn"), KIMI)
+    assert fp8.provides_final_prenorm is True and fp8.hook_storage == "float8_e4m3fn"
+    as_text = _sglang_info(final_prenorm=True)
+    as_text["forward_hooks"] = json.dumps(as_text["forward_hooks"])  # a server that lists it as its JSON string
+    assert ServerInfo.parse(as_text, KIMI).provides_final_prenorm is True
+
+
+def test_a_server_without_the_dump_hook_says_nothing_of_it() -> None:
+    other = {"model_path": "/m", "forward_hooks": [{"hook_factory": "someone.else:make", "config": {"dump_dir": "/x"}}]}
+    info = ServerInfo.parse(other, KIMI)
+    assert info.dump_dir is None and info.provides_final_prenorm is None and info.hook_storage is None

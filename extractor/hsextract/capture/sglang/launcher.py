@@ -26,6 +26,7 @@ from hsextract.capture.sglang.multinode import multinode_args
 from hsextract.config import SGLangLaunchConfig
 from hsextract.contract.layers import resolve_aux_layer_ids
 from hsextract.contract.model_config import read_model_config
+from hsextract.contract.server_info import HOOK_FACTORY, PRENORM_HOOK_FACTORY
 from hsextract.contract.sglang_capture import (
     SGLANG_MODEL_CLASSES,
     SGLANG_VERSION,
@@ -140,7 +141,7 @@ def hook_specs(config: SGLangLaunchConfig, aux_layer_ids: list[int]) -> list[dic
         {
             "name": "hsextract_dump",
             "target_modules": ["logits_processor"],
-            "hook_factory": "hsextract.capture.sglang.hook:make_hook",
+            "hook_factory": HOOK_FACTORY,
             "config": hook_config,
         }
     ]
@@ -149,7 +150,7 @@ def hook_specs(config: SGLangLaunchConfig, aux_layer_ids: list[int]) -> list[dic
             {
                 "name": "hsextract_prenorm",
                 "target_modules": ["model.norm"],
-                "hook_factory": "hsextract.capture.sglang.hook:make_prenorm_hook",
+                "hook_factory": PRENORM_HOOK_FACTORY,
                 "config": hook_config,
             }
         )
