@@ -18,9 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from safetensors import safe_open
+from speculators.models.eagle3.data import shift_batch
+from speculators.train.data import ArrowDataset
+from speculators.train.dataloader import _setup_dataloader
 
 from hsextract.dev.tiny_model import make_tiny_model
+from hsextract.extract.formats import open_format
 
 from ..helpers import RunningServer, run_extraction
 
@@ -111,3 +116,30 @@ def output(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         return made[key]
 
     yield get
+
+
+def arrow_dataset(out: Output, total_seq_len: int, transfer: Any) -> ArrowDataset:
+    """speculators' ArrowDataset as its training builds it from the flags data_config.json records."""
+    flags = out.config["trainer"]["flags"]
+    return ArrowDataset(
+        max_len=total_seq_len, datapath=str(out.path / flags["--data-path"]), transfer=transfer, on_missing=flags["--on-missing"]
+    )
+
+
+def assert_multipack_collates_every_written_token(out: Output, dataset: ArrowDataset) -> None:
+    """speculators' multipack loader (``_setup_dataloader``, ``shift_batch``) over ``dataset``: every batch
+    full and finite bf16, every written token collated, the bad row counted as unavailable."""
+    total, hidden = out.config["trainer"]["flags"]["--total-seq-len"], out.config["hidden_size"]
+    loader = _setup_dataloader(
+        dataset, total, hidden, num_workers=0, num_target_layers=3, prefetch_factor=None, preprocess=shift_batch
+    )
+    tokens = dropped = 0
+    for batch in loader:
+        assert batch["hidden_states"].shape == (1, total, 3 * hidden)
+        assert batch["hidden_states"].dtype == torch.bfloat16
+        assert bool(torch.isfinite(batch["hidden_states"].float()).all())
+        tokens += int((batch["document_ids"] >= 0).sum())
+        dropped += batch["error_records"]
+    written = [open_format("speculators", out.path).read_sample(r).input_ids.shape[0] for r in out.written_rows]
+    assert tokens == sum(n - 1 for n in written)  # shift_batch drops one position per sample
+    assert dropped == 1  # the bad row, counted by the collator as unavailable

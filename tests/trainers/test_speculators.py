@@ -16,7 +16,6 @@ import transformers
 from datasets import load_from_disk
 from hs_connectors import FileTransfer
 from speculators.data_generation.offline import check_hidden_states
-from speculators.models.eagle3.data import shift_batch
 from speculators.models.utils import resolve_target_layer_ids
 from speculators.train.config.schema import DataArgs, GenerationArgs
 from speculators.train.data import ArrowDataset
@@ -27,20 +26,13 @@ from hsextract.contract.layers import capture_indices, default_aux_layer_ids
 from hsextract.extract.formats import open_format
 from hsextract.extract.serving_hints import SPECULATORS_DEFAULT_TOTAL_SEQ_LEN
 
-from .helpers import BAD_ROW, ROWS, Output
+from .helpers import BAD_ROW, ROWS, Output, arrow_dataset, assert_multipack_collates_every_written_token
 
 ARCHS = ["deepseek_v3", "llama", "qwen2"]
 
 
 def dataset_from_flags(out: Output, total_seq_len: int) -> ArrowDataset:
-    """ArrowDataset as speculators' training builds it from the flags data_config.json records."""
-    flags = out.config["trainer"]["flags"]
-    return ArrowDataset(
-        max_len=total_seq_len,
-        datapath=str(out.path / flags["--data-path"]),
-        transfer=FileTransfer(out.path / flags["--hidden-states-path"]),
-        on_missing=flags["--on-missing"],
-    )
+    return arrow_dataset(out, total_seq_len, FileTransfer(out.path / out.config["trainer"]["flags"]["--hidden-states-path"]))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -73,26 +65,7 @@ def test_arrow_dataset_reads_every_row_and_skips_the_bad_one(output, arch: str) 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_multipack_loader_collates_every_written_token(output, arch: str) -> None:
     out = output(arch, "speculators")
-    total = out.config["trainer"]["flags"]["--total-seq-len"]
-    dataset = dataset_from_flags(out, total)
-    loader = _setup_dataloader(
-        dataset,
-        total,
-        out.config["hidden_size"],
-        num_workers=0,
-        num_target_layers=3,
-        prefetch_factor=None,
-        preprocess=shift_batch,
-    )
-    tokens = dropped = 0
-    for batch in loader:
-        assert batch["hidden_states"].shape == (1, total, 3 * out.config["hidden_size"])
-        assert batch["hidden_states"].dtype == torch.bfloat16
-        tokens += int((batch["document_ids"] >= 0).sum())
-        dropped += batch["error_records"]
-    written = [open_format("speculators", out.path).read_sample(r).input_ids.shape[0] for r in out.written_rows]
-    assert tokens == sum(n - 1 for n in written)  # shift_batch drops one position per sample
-    assert dropped == 1  # the bad row, counted by the collator as unavailable
+    assert_multipack_collates_every_written_token(out, dataset_from_flags(out, out.config["trainer"]["flags"]["--total-seq-len"]))
 
 
 def test_a_short_total_seq_len_cuts_samples_the_plan_would_warn_about(output) -> None:

@@ -13,15 +13,13 @@ import torch
 from hs_connectors.fp8_utils import dequantize_fp8_tensor
 from hs_connectors.transfer import FP8Transfer, HiddenStatesBackend
 from safetensors.torch import load_file
-from speculators.models.eagle3.data import shift_batch
 from speculators.train.data import ArrowDataset
-from speculators.train.dataloader import _setup_dataloader
 from speculators.train.recovery import SampleUnavailable
 
 from hsextract.contract.fp8 import FP8_STORAGE
 from hsextract.extract.formats import open_format
 
-from .helpers import BAD_ROW, ROWS, Output
+from .helpers import BAD_ROW, ROWS, Output, arrow_dataset, assert_multipack_collates_every_written_token
 
 ARCHS = ["deepseek_v3", "llama"]
 
@@ -37,13 +35,7 @@ def transfer_from_flags(out: Output) -> FP8Transfer:
 
 
 def dataset_from_flags(out: Output, total_seq_len: int) -> ArrowDataset:
-    flags = out.config["trainer"]["flags"]
-    return ArrowDataset(
-        max_len=total_seq_len,
-        datapath=str(out.path / flags["--data-path"]),
-        transfer=transfer_from_flags(out),
-        on_missing=flags["--on-missing"],
-    )
+    return arrow_dataset(out, total_seq_len, transfer_from_flags(out))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -72,23 +64,4 @@ def test_the_fp8_backend_reads_our_values_bit_for_bit(output, arch: str) -> None
 
 def test_the_multipack_loader_collates_every_written_token_of_an_fp8_output(output) -> None:
     out = output("llama", "speculators", storage=FP8_STORAGE)
-    total = out.config["trainer"]["flags"]["--total-seq-len"]
-    loader = _setup_dataloader(
-        dataset_from_flags(out, total),
-        total,
-        out.config["hidden_size"],
-        num_workers=0,
-        num_target_layers=3,
-        prefetch_factor=None,
-        preprocess=shift_batch,
-    )
-    tokens = dropped = 0
-    for batch in loader:
-        assert batch["hidden_states"].shape == (1, total, 3 * out.config["hidden_size"])
-        assert batch["hidden_states"].dtype == torch.bfloat16
-        assert bool(torch.isfinite(batch["hidden_states"].float()).all())
-        tokens += int((batch["document_ids"] >= 0).sum())
-        dropped += batch["error_records"]
-    written = [open_format("speculators", out.path).read_sample(r).input_ids.shape[0] for r in out.written_rows]
-    assert tokens == sum(n - 1 for n in written)
-    assert dropped == 1
+    assert_multipack_collates_every_written_token(out, dataset_from_flags(out, out.config["trainer"]["flags"]["--total-seq-len"]))
