@@ -40,6 +40,7 @@ from typing import Any
 import httpx
 import torch
 import transformers
+from bench_gpu_e2e import stop_server
 
 from hsextract.capture.embedded.engine import Engine
 from hsextract.config import ExtractConfig, ServeConfig
@@ -225,12 +226,7 @@ def bench_e2e(work: Path, args: argparse.Namespace) -> dict[str, Any]:
             plan.append(time.perf_counter() - started)
             log.info("repeat %d: forward %.2f s, extract %.2f s (planning about %.3f s)", repeat, fwd[-1], e2e[-1], plan[-1])
     finally:
-        server.terminate()
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_server(server)
         shutil.rmtree(dump_dir, ignore_errors=True)
     e2e_s, forward_s = statistics.median(e2e), statistics.median(fwd)
     no_plan_s = statistics.median(e - p for e, p in zip(e2e, plan, strict=True))

@@ -583,6 +583,27 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
     add("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
 
 
+def finish_args(args: argparse.Namespace) -> argparse.Namespace:
+    """After a script's own --cpu-smoke workload sizes: the toy model, the device and the torch dtype."""
+    if args.cpu_smoke:
+        args.hidden, args.intermediate, args.layers, args.heads, args.kv_heads, args.vocab = 64, 128, 8, 4, 2, 1024
+    args.device = "cpu" if args.cpu_smoke else "cuda"
+    args.torch_dtype = getattr(torch, args.dtype)
+    return args
+
+
+def setup_logging(*noisy: str) -> None:
+    """INFO to stderr, the named loggers (HTTP clients, per-row logs) held at WARNING."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in noisy:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def config_json(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's arguments as the result JSON records them."""
+    return {k: (str(v) if isinstance(v, Path | torch.dtype) else v) for k, v in vars(args).items()}
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
@@ -605,11 +626,8 @@ def parse_args() -> argparse.Namespace:
     if args.cpu_smoke:
         args.rows, args.median, args.longest, args.max_seq_len = 24, 60, 300, 200
         args.max_batch_tokens, args.chunked_prefill_size, args.concurrency = 512, 128, 8
-        args.hidden, args.intermediate, args.layers, args.heads, args.kv_heads, args.vocab = 64, 128, 8, 4, 2, 1024
         args.reference_rows, args.dtype = 4, "bfloat16"
-    args.device = "cpu" if args.cpu_smoke else "cuda"
-    args.torch_dtype = getattr(torch, args.dtype)
-    return args
+    return finish_args(args)
 
 
 SAMPLER: GpuSampler
@@ -617,9 +635,7 @@ SAMPLER: GpuSampler
 
 def main() -> int:
     global SAMPLER
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "httpcore", "transformers", "hsextract.extract.dataset"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    setup_logging("httpx", "httpcore", "transformers", "hsextract.extract.dataset")
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     args = parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -632,7 +648,7 @@ def main() -> int:
     disk = Path(tempfile.mkdtemp(prefix="hsx-e2e-", dir=args.disk_dir))
     tmpfs = Path(tempfile.mkdtemp(prefix="hsx-e2e-", dir=args.tmpfs_dir))
     server: subprocess.Popen[bytes] | None = None
-    config = {k: (str(v) if isinstance(v, Path | torch.dtype) else v) for k, v in vars(args).items()}
+    config = config_json(args)
     results.update(hardware=hardware(args), config=config, targets=TARGETS, gpu_util_source=SAMPLER.source)
     try:
         make_model(tmpfs / "model", args, device)

@@ -117,23 +117,18 @@ def parse_args() -> argparse.Namespace:
     if args.cpu_smoke:
         args.rows, args.median, args.longest, args.max_seq_len, args.error_rows = 48, 60, 300, 200, 8
         args.max_batch_tokens, args.chunked_prefill_size, args.concurrency = 1024, 128, 16
-        args.hidden, args.intermediate, args.layers, args.heads, args.kv_heads, args.vocab = 64, 128, 8, 4, 2, 1024
-    args.device = "cpu" if args.cpu_smoke else "cuda"
-    args.torch_dtype = getattr(torch, args.dtype)
-    return args
+    return e2e.finish_args(args)
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "httpcore", "transformers", "hsextract"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    e2e.setup_logging("httpx", "httpcore", "transformers", "hsextract")
     args = parse_args()
     e2e.SAMPLER = e2e.GpuSampler()
     results = e2e.Results(args.out)
     args.disk_dir.mkdir(parents=True, exist_ok=True)
     tmpfs = Path(tempfile.mkdtemp(prefix="hsx-fp8-", dir=args.tmpfs_dir))
     disk = Path(tempfile.mkdtemp(prefix="hsx-fp8-", dir=args.disk_dir))
-    config = {k: (str(v) if isinstance(v, Path | torch.dtype) else v) for k, v in vars(args).items()}
+    config = e2e.config_json(args)
     results.update(hardware=e2e.hardware(args), config=config, targets=TARGETS)
     server: subprocess.Popen[bytes] | None = None
     device = torch.device(args.device)

@@ -123,16 +123,11 @@ def parse_args() -> argparse.Namespace:
     if args.cpu_smoke:
         args.rows, args.median, args.longest, args.max_seq_len, args.budgets = 64, 60, 300, 200, "512,1024"
         args.chunked_prefill_size, args.concurrency, args.runs = 128, 16, 2
-        args.hidden, args.intermediate, args.layers, args.heads, args.kv_heads, args.vocab = 64, 128, 8, 4, 2, 1024
-    args.device = "cpu" if args.cpu_smoke else "cuda"
-    args.torch_dtype = getattr(torch, args.dtype)
-    return args
+    return e2e.finish_args(args)
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "httpcore", "transformers", "hsextract"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    e2e.setup_logging("httpx", "httpcore", "transformers", "hsextract")
     args = parse_args()
     e2e.SAMPLER = e2e.GpuSampler()
     results = e2e.Results(args.out)
@@ -140,7 +135,7 @@ def main() -> int:
     args.disk_dir.mkdir(parents=True, exist_ok=True)
     tmpfs = Path(tempfile.mkdtemp(prefix="hsx-soak-", dir=args.tmpfs_dir))
     disk = Path(tempfile.mkdtemp(prefix="hsx-soak-", dir=args.disk_dir))
-    config = {k: (str(v) if isinstance(v, Path | torch.dtype) else v) for k, v in vars(args).items()}
+    config = e2e.config_json(args)
     results.update(hardware=e2e.hardware(args), config=config)
     try:
         e2e.make_model(tmpfs / "model", args, torch.device(args.device))
