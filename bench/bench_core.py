@@ -72,18 +72,27 @@ def _copy(dumps: list[Path], out: Path) -> int:
     return sum(path.stat().st_size for path in out.iterdir())
 
 
-def bench_pack(root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Pack and copy ``args.dumps`` fresh dumps under ``root``, ``args.repeats`` times; removes what it wrote."""
-    gen = torch.Generator().manual_seed(0)
+def _random_dump_inputs(
+    seed: int, args: argparse.Namespace
+) -> tuple[torch.Generator, torch.Tensor, torch.Tensor, torch.Tensor, DumpSource]:
+    """Random bf16 states of ``args.tokens`` x ``args.aux`` x ``args.hidden``; the generator goes on for more."""
+    gen = torch.Generator().manual_seed(seed)
     t, k, h = args.tokens, args.aux, args.hidden
     ids = torch.randint(0, VOCAB, (t,), generator=gen)
     aux = torch.randn((t, k, h), generator=gen).to(torch.bfloat16)
     final = torch.randn((t, h), generator=gen).to(torch.bfloat16)
+    source = DumpSource("bench", "0", "random", layer_ids=list(range(k)), capture_indices=[i + 1 for i in range(k)])
+    return gen, ids, aux, final, source
+
+
+def bench_pack(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Pack and copy ``args.dumps`` fresh dumps under ``root``, ``args.repeats`` times; removes what it wrote."""
+    t = args.tokens
+    _, ids, aux, final, source = _random_dump_inputs(0, args)
     prenorm = final.clone() if args.prenorm else None
     samples = [Sample(row, ids.tolist(), [1] * t, t) for row in range(args.dumps)]
     seconds: dict[str, list[float]] = {"pack": [], "copy": []}
     nbytes: dict[str, list[int]] = {"pack": [], "copy": []}
-    source = DumpSource("bench", "0", "random", layer_ids=list(range(k)), capture_indices=[i + 1 for i in range(k)])
     for repeat in range(args.repeats):
         dumps = [write_dump(root / "dumps", make_rid(s.row, t), ids, aux, final, source, prenorm) for s in samples]
         for stage in ("pack", "copy") if repeat % 2 == 0 else ("copy", "pack"):
@@ -113,13 +122,9 @@ def bench_pack(root: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 def bench_dump_bytes(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Bytes of the FP8 dump and of the bf16 dump (with the pre-norm state) of the same rows."""
-    gen = torch.Generator().manual_seed(1)
-    t, k, h = args.tokens, args.aux, args.hidden
-    ids = torch.randint(0, VOCAB, (t,), generator=gen)
-    aux = torch.randn((t, k, h), generator=gen).to(torch.bfloat16)
-    final = torch.randn((t, h), generator=gen).to(torch.bfloat16)
+    t, h = args.tokens, args.hidden
+    gen, ids, aux, final, source = _random_dump_inputs(1, args)
     prenorm = torch.randn((t, h), generator=gen).to(torch.bfloat16)
-    source = DumpSource("bench", "0", "random", layer_ids=list(range(k)), capture_indices=[i + 1 for i in range(k)])
     bf16 = write_dump(root, make_rid(0, t), ids, aux, final, source, prenorm)
     started = time.perf_counter()
     hidden, scales = quantize_per_token(torch.cat([aux, prenorm.unsqueeze(1)], dim=1))
@@ -131,7 +136,7 @@ def bench_dump_bytes(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         "fp8_dump_bytes": fp8_bytes,
         "bf16_dump_bytes": bf16_bytes,
         "fp8_vs_bf16_dump_bytes_ratio": fp8_bytes / bf16_bytes,
-        "fp8_bytes_per_token_states": bytes_per_token(k + 1, h),
+        "fp8_bytes_per_token_states": bytes_per_token(args.aux + 1, h),
         "fp8_quantize_cpu_seconds": quantize_s,
     }
 
