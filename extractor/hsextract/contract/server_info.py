@@ -4,16 +4,17 @@ The embedded server answers with :meth:`ServerInfo.to_json` (its extra keys are 
 SGLang's own ``/server_info`` has ``model_path`` but none of the hsextract keys: then the model's
 shape comes from its ``config.json`` (when the extractor can read it). It does list the server's
 arguments, ``forward_hooks`` among them: the dump hook's config the launcher rendered says the dump
-root, whether the pre-norm state is dumped, and the storage of every dump (:func:`hook_config`).
+root, whether the pre-norm state is dumped, and the storage of every dump
+(:func:`~hsextract.contract.hook_config.find_hook_config`).
 What neither says is unknown (None), taken from the extractor's config instead.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from hsextract.contract.hook_config import find_hook_config
 from hsextract.errors import ServerError
 
 #: ``/generate`` key asking a server that says ``final_prenorm_per_request`` to dump the pre-norm state
@@ -21,31 +22,8 @@ FINAL_PRENORM_KEY = "hsextract_final_prenorm"
 #: ``/generate`` key asking a server that says ``fp8_per_request`` to dump this request as FP8
 #: (value ``"float8_e4m3fn"``, :data:`hsextract.contract.fp8.FP8_STORAGE`)
 STORAGE_KEY = "hsextract_storage"
-#: the ``--forward-hooks`` factories the launcher registers in SGLang (capture/sglang/launcher.py)
-HOOK_FACTORY = "hsextract.capture.sglang.hook:make_hook"
-PRENORM_HOOK_FACTORY = "hsextract.capture.sglang.hook:make_prenorm_hook"
 #: the dump hook's storage when its config has none: the model's dtype
 MODEL_DTYPE_STORAGE = "auto"
-
-
-def hook_config(info: dict[str, Any]) -> tuple[dict[str, Any], bool] | None:
-    """The hsextract dump hook's config in SGLang's ``/server_info`` (its ``forward_hooks`` argument),
-    and whether the pre-norm hook is registered too; None when the server has no such hook."""
-    hooks = info.get("forward_hooks")
-    if isinstance(hooks, str):
-        try:
-            hooks = json.loads(hooks)
-        except ValueError:
-            return None
-    if not isinstance(hooks, list):
-        return None
-    specs = [spec for spec in hooks if isinstance(spec, dict)]
-    dump = next((spec for spec in specs if spec.get("hook_factory") == HOOK_FACTORY), None)
-    if dump is None:
-        return None
-    config = dump.get("config")
-    prenorm = any(spec.get("hook_factory") == PRENORM_HOOK_FACTORY for spec in specs)
-    return (config if isinstance(config, dict) else {}), prenorm
 
 
 @dataclass(frozen=True)
@@ -112,11 +90,10 @@ class ServerInfo:
             )
         dtype = info.get("dtype") or model_config.get("dtype") or model_config.get("torch_dtype")
         layer_ids = info.get("layer_ids")
-        hook = hook_config(info)
-        hook_settings, prenorm_hook = hook if hook is not None else ({}, False)
+        hook = find_hook_config(info.get("forward_hooks"))
         provides_final_prenorm = info.get("provides_final_prenorm")
         if provides_final_prenorm is None and hook is not None:
-            provides_final_prenorm = bool(hook_settings.get("final_prenorm")) and prenorm_hook
+            provides_final_prenorm = hook[0].final_prenorm and hook[1]
         return cls(
             model_path=model_path,
             num_layers=int(num_layers),
@@ -124,7 +101,7 @@ class ServerInfo:
             vocab_size=int(vocab),
             dtype=None if dtype in (None, "auto") else str(dtype),
             layer_ids=None if layer_ids is None else [int(i) for i in layer_ids],
-            dump_dir=info.get("dump_dir") or hook_settings.get("dump_dir"),
+            dump_dir=info.get("dump_dir") or (None if hook is None else str(hook[0].dump_dir)),
             engine=str(info.get("engine", "sglang")),
             provides_final_prenorm=provides_final_prenorm,
             engine_version=info.get("engine_version"),
@@ -132,5 +109,5 @@ class ServerInfo:
             model_fingerprint=info.get("model_fingerprint"),
             final_prenorm_per_request=info.get("final_prenorm_per_request"),
             fp8_per_request=info.get("fp8_per_request"),
-            hook_storage=None if hook is None else str(hook_settings.get("storage") or MODEL_DTYPE_STORAGE),
+            hook_storage=None if hook is None else (hook[0].storage or MODEL_DTYPE_STORAGE),
         )

@@ -31,7 +31,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,53 +40,15 @@ from hsextract.capture.dump_sink import DumpSink, Fp8Rows, Segment
 from hsextract.capture.pinned import HostCopier
 from hsextract.capture.stages import StageClock
 from hsextract.contract.dumps import DumpSource, write_error_marker
-from hsextract.contract.fp8 import STORAGES, quantize_per_token
+from hsextract.contract.fp8 import quantize_per_token
+from hsextract.contract.hook_config import HookConfig
 from hsextract.contract.layers import capture_indices
 from hsextract.contract.model_fingerprint import model_fingerprint
-from hsextract.contract.rids import DEFAULT_PREFIX, check_prefix, parse_rid
-from hsextract.errors import ConfigError
+from hsextract.contract.rids import parse_rid
 
 log = logging.getLogger(__name__)
 
 Hook = Callable[[torch.nn.Module, tuple[Any, ...], Any], None]
-
-
-@dataclass(frozen=True)
-class HookConfig:
-    dump_dir: Path
-    rid_prefix: str = DEFAULT_PREFIX
-    layer_ids: tuple[int, ...] | None = None  # aux, 0-based, as recorded in every dump's meta
-    model_path: str = ""
-    queue_size: int = 4  # extend batches copied and waiting for the writer threads
-    dump_writers: int = 4  # threads writing dumps in parallel
-    final_prenorm: bool = False  # expect make_prenorm_hook on model.norm as well
-    storage: str | None = None  # "float8_e4m3fn": every dump in speculators' FP8 layout, quantized on the device
-
-    @classmethod
-    def parse(cls, raw: dict[str, Any]) -> HookConfig:
-        known = set(cls.__dataclass_fields__)
-        unknown = set(raw) - known
-        if unknown:
-            raise ConfigError(f"hsextract hook config has unknown keys {sorted(unknown)}; known: {sorted(known)}")
-        if not raw.get("dump_dir"):
-            raise ConfigError("hsextract hook config needs dump_dir (the extractor's dump root, on tmpfs)")
-        layer_ids = raw.get("layer_ids")
-        storage = raw.get("storage")
-        if storage is not None and storage not in STORAGES:
-            raise ConfigError(
-                f"hsextract hook config storage {storage!r} is not one the hook writes: leave it out (the model's dtype) "
-                f"or set {STORAGES[0]!r}"
-            )
-        return cls(
-            dump_dir=Path(raw["dump_dir"]),
-            rid_prefix=check_prefix(str(raw.get("rid_prefix", DEFAULT_PREFIX))),
-            layer_ids=None if layer_ids is None else tuple(int(i) for i in layer_ids),
-            model_path=str(raw.get("model_path", "")),
-            queue_size=int(raw.get("queue_size", 4)),
-            dump_writers=int(raw.get("dump_writers", 4)),
-            final_prenorm=bool(raw.get("final_prenorm", False)),
-            storage=storage,
-        )
 
 
 def is_writer_rank() -> bool:
