@@ -14,6 +14,7 @@ from hsextract.capture.sglang.launcher import hook_specs
 from hsextract.config import SGLangLaunchConfig
 from hsextract.contract.dumps import dump_state, read_dump, read_error
 from hsextract.contract.fp8 import dequantize, quantize_per_token, relative_frobenius_error
+from hsextract.contract.hook_config import HookConfig
 from hsextract.contract.rids import make_rid
 from hsextract.errors import ConfigError
 
@@ -191,7 +192,7 @@ def test_fp8_storage_with_list_aux_holds_the_post_norm_final(served, tmp_path: P
 
 def test_unknown_storage_is_refused_with_the_fix() -> None:
     with pytest.raises(ConfigError, match="float8_e4m3fn"):
-        sglang_hook.HookConfig.parse({"dump_dir": "/dev/shm/x", "storage": "int8"})
+        HookConfig.parse({"dump_dir": "/dev/shm/x", "storage": "int8"})
     spec = specs(Path("/dev/shm/x"), storage="float8_e4m3fn")[0]
     assert spec["config"]["storage"] == "float8_e4m3fn"
     assert "storage" not in specs(Path("/dev/shm/x"))[0]["config"]
