@@ -18,13 +18,14 @@ from dataclasses import dataclass
 
 import torch
 
+# re-exported: most code asks this module for the storage names
+from hsextract.contract.storages import FP8_STORAGE as FP8_STORAGE
+from hsextract.contract.storages import STORAGES as STORAGES
+
 FP8_DTYPE = torch.float8_e4m3fn
-#: the storage name in meta.json, the ``/generate`` key and the configs
-FP8_STORAGE = "float8_e4m3fn"
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0
 #: the smallest scale (a token whose states are all zero)
 MIN_SCALE = 1e-12
-STORAGES = (FP8_STORAGE,)
 
 
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
