@@ -12,7 +12,7 @@ from datasets import load_from_disk
 from speculators.train.cli import parse_vocab_mappings
 from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution, save_token_frequency_distribution
 
-from hsextract.extract.formats import token_freq
+from hsextract.extract.formats import format_class, token_freq
 from hsextract.extract.verify import verify_output
 
 from .helpers import VOCAB
@@ -59,3 +59,10 @@ def test_the_trainer_builds_a_draft_vocabulary_of_the_asked_size_from_it(output,
     assert torch.equal(d2t, expected_d2t) and torch.equal(t2d, expected_t2d)
     most_frequent = sorted(ours, key=lambda t: (-ours[t], t))[:draft]
     assert set(torch.nonzero(t2d).flatten().tolist()) == set(most_frequent)
+
+
+def test_the_summary_says_how_to_pick_the_draft_vocab_size(output) -> None:
+    out = output("llama", "speculators")
+    line = format_class("speculators").trainer_summary(out.config["trainer"], out.path)
+    assert f"--draft-vocab-size N for a smaller draft vocabulary, built from {out.path / 'data' / 'token_freq.pt'}" in line
+    assert f"({len(_ours(out.path))} distinct supervised tokens" in line
