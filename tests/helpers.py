@@ -6,7 +6,8 @@ import socket
 import threading
 from pathlib import Path
 
-from hsextract.capture.embedded import EmbeddedServer, Engine
+from hsextract.capture.embedded import Engine
+from hsextract.capture.front import HttpFront
 from hsextract.config import ExtractConfig, ServeConfig
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.run import Extraction, RunSummary
@@ -21,7 +22,7 @@ def free_port() -> int:
 class RunningServer:
     """An embedded server on a free loopback port, its engine and its dump root."""
 
-    def __init__(self, engine: Engine, server: EmbeddedServer) -> None:
+    def __init__(self, engine: Engine, server: HttpFront) -> None:
         self.engine = engine
         self.server = server
         self.url = f"http://127.0.0.1:{server.port}"
@@ -30,7 +31,7 @@ class RunningServer:
     @classmethod
     def start(cls, model: Path, dump_dir: Path, **engine_settings: object) -> RunningServer:
         engine = Engine(ServeConfig(model=model, dump_dir=dump_dir, **engine_settings))  # type: ignore[arg-type]
-        server = EmbeddedServer(engine, "127.0.0.1", 0)
+        server = HttpFront(engine, "127.0.0.1", 0)
         threading.Thread(target=server.serve_forever, name="test-http", daemon=True).start()
         return cls(engine, server)
 

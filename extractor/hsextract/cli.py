@@ -42,12 +42,13 @@ def _cmd_make_sample_data(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from hsextract.capture.embedded import EmbeddedServer, Engine
+    from hsextract.capture.embedded import Engine
+    from hsextract.capture.front import HttpFront
 
     config: ServeConfig = load_config(ServeConfig, args)
     engine = Engine(config)
     try:
-        server = EmbeddedServer(engine, config.host, config.port)
+        server = HttpFront(engine, config.host, config.port)
     except OSError as exc:
         engine.shutdown()
         raise ConfigError(

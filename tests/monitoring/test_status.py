@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from hsextract.capture.embedded import EmbeddedServer, Engine
+from hsextract.capture.embedded import Engine
+from hsextract.capture.front import HttpFront
 from hsextract.config import ServeConfig
 from hsextract.dev.sample_data import make_sample_data
 from hsextract.ops import status as ops_status
@@ -46,7 +47,7 @@ def live_host(model_dir: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
     work = tmp_path_factory.mktemp("status")
     dump_dir = Path(f"/dev/shm/hsx-status-test-{os.getpid()}")
     engine = Engine(ServeConfig(model=model_dir(), dump_dir=dump_dir))
-    server = EmbeddedServer(engine, "127.0.0.1", 0)
+    server = HttpFront(engine, "127.0.0.1", 0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     dataset = make_sample_data(work / "data.jsonl", ROWS, vocab_size=1024, seed=1)
     with dataset.open("a") as f:
