@@ -7,8 +7,9 @@ import threading
 from pathlib import Path
 
 from hsextract.capture.embedded import Engine
+from hsextract.capture.embedded.config import ServeConfig
 from hsextract.capture.front import HttpFront
-from hsextract.config import ExtractConfig, ServeConfig
+from hsextract.extract.config import ExtractConfig
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.run import Extraction, RunSummary
 

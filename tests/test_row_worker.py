@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from hsextract.config import ExtractConfig
 from hsextract.contract.dumps import DumpSource, write_dump
 from hsextract.contract.generate import GenerateAnswer, GenerateRequest, duplicate_rid_message, error_body
 from hsextract.contract.states import ErrorReason
 from hsextract.extract import row_worker
 from hsextract.extract.client import ServerClient
+from hsextract.extract.config import ExtractConfig
 from hsextract.extract.dataset import Sample
 from hsextract.extract.dump_checks import DumpExpectation
 from hsextract.extract.formats import open_format

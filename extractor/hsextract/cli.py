@@ -16,9 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from hsextract import __version__
-from hsextract.config import ExtractConfig, ServeConfig, SGLangLaunchConfig, add_config_arguments, load_config
+from hsextract.capture.embedded.config import ServeConfig
+from hsextract.capture.sglang.config import SGLangLaunchConfig
+from hsextract.config import add_config_arguments, load_config
 from hsextract.contract.states import RunStatus
 from hsextract.errors import ConfigError, HsextractError
+from hsextract.extract.config import ExtractConfig
 
 log = logging.getLogger("hsextract")
 

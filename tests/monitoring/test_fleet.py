@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from hsextract.capture.embedded import Engine
+from hsextract.capture.embedded.config import ServeConfig
 from hsextract.capture.front import HttpFront
-from hsextract.config import ServeConfig
 from hsextract.dev.sample_data import make_sample_data
 from hsextract.extract.verify import verify_output
 

@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from hsextract.capture.embedded import Engine
+from hsextract.capture.embedded.config import ServeConfig
 from hsextract.capture.front import HttpFront
-from hsextract.config import ServeConfig
 from hsextract.dev.sample_data import make_sample_data
 from hsextract.ops import status as ops_status
 

@@ -19,8 +19,8 @@ from hsextract.errors import OutputError
 from hsextract.extract.serving_hints import SGLangServing
 
 if TYPE_CHECKING:
-    from hsextract.config import ExtractConfig
     from hsextract.contract.server_info import ServerInfo
+    from hsextract.extract.config import ExtractConfig
     from hsextract.extract.formats.base import OutputFormat
     from hsextract.extract.identity import OutputIdentity
     from hsextract.extract.manifest import Manifest

@@ -8,7 +8,6 @@ import shutil
 import threading
 from pathlib import Path
 
-from hsextract.config import ExtractConfig
 from hsextract.contract.dump_dir import check_dump_root
 from hsextract.contract.fp8 import FP8_STORAGE
 from hsextract.contract.layers import resolve_aux_layer_ids
@@ -23,6 +22,7 @@ from hsextract.errors import (
     ServerError,
 )
 from hsextract.extract.client import ServerClient
+from hsextract.extract.config import ExtractConfig
 from hsextract.extract.data_config import read_data_config
 from hsextract.extract.dataset import dataset_kind
 from hsextract.extract.formats import format_class, open_format

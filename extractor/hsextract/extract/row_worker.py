@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hsextract.config import ExtractConfig
 from hsextract.contract.atomic import disk_full_text, is_disk_full
 from hsextract.contract.dumps import Dump, completed_at, dump_state, read_dump, read_error, remove_dump
 from hsextract.contract.generate import GenerateRequest
@@ -37,6 +36,7 @@ from hsextract.errors import (
 )
 from hsextract.extract.checksum import WrittenFile
 from hsextract.extract.client import PendingAnswer, ServerClient
+from hsextract.extract.config import ExtractConfig
 from hsextract.extract.dataset import Sample
 from hsextract.extract.dump_checks import DumpExpectation, check_dump
 from hsextract.extract.formats.base import OutputFormat

@@ -32,7 +32,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hsextract.config import ExtractConfig
 from hsextract.contract.atomic import is_disk_full, is_temp_name, remove_quietly
 from hsextract.contract.dumps import Dump
 from hsextract.contract.layers import capture_indices
@@ -40,6 +39,7 @@ from hsextract.contract.server_info import ServerInfo
 from hsextract.contract.states import ErrorKind, RunStatus
 from hsextract.errors import BadSampleError, DiskFullError, HsextractError, ServerError
 from hsextract.extract.client import ServerClient
+from hsextract.extract.config import ExtractConfig
 from hsextract.extract.data_config import DataConfig, build_data_config, write_data_config
 from hsextract.extract.dataset import Sample, iter_raw_rows, iter_rows, validate_row
 from hsextract.extract.dump_checks import DumpExpectation

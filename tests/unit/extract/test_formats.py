@@ -11,9 +11,10 @@ from typing import get_args
 import pytest
 import yaml
 
-from hsextract.config import ExtractConfig, add_config_arguments
+from hsextract.config import add_config_arguments
 from hsextract.contract.sglang_capture import ModelFamily
 from hsextract.errors import ConfigError
+from hsextract.extract.config import ExtractConfig
 from hsextract.extract.formats import DEFAULT_FORMAT, FORMAT_NAMES, FORMATS, format_class, open_format
 from hsextract.extract.formats.base import OutputFormat
 from hsextract.extract.serving_hints import sglang_serving
