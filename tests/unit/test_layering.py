@@ -21,12 +21,6 @@ MAX_LINES = 500
 TOO_LONG_FOR_NOW: set[str] = {"hsextract.extract.run"}
 #: import circles still to be broken, as sorted module tuples (empty once the last one is)
 KNOWN_CIRCLES: set[tuple[str, ...]] = {
-    (
-        "hsextract.extract.formats",
-        "hsextract.extract.formats.specforge",
-        "hsextract.extract.formats.speculators",
-        "hsextract.extract.serving_hints",
-    ),
     ("hsextract.ops.fleet", "hsextract.ops.status"),
 }
 

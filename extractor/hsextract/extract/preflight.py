@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from hsextract.contract.dump_dir import check_dump_root
@@ -25,7 +26,7 @@ from hsextract.extract.client import ServerClient
 from hsextract.extract.config import ExtractConfig
 from hsextract.extract.data_config import read_data_config
 from hsextract.extract.dataset import dataset_kind
-from hsextract.extract.formats import format_class, open_format
+from hsextract.extract.formats import FORMAT_NAMES, format_class, open_format
 from hsextract.extract.formats.base import OutputFormat
 from hsextract.extract.identity import (
     IDENTITY_FILE,
@@ -85,7 +86,7 @@ def check_server(
     if fmt.needs_final_prenorm and info.provides_final_prenorm is False:
         raise ConfigError(
             f"format {cfg.format} needs the pre-norm final state, which this server does not dump; "
-            "use --format specforge or enable the pre-norm dump in the server's hook config"
+            f"use {_formats_where(lambda f: not f.needs_final_prenorm)} or enable the pre-norm dump in the server's hook config"
         )
     _check_hook_storage(cfg, info)
     return info, aux, dump_dir, fmt
@@ -106,9 +107,18 @@ def _check_hook_storage(cfg: ExtractConfig, info: ServerInfo) -> None:
     if server_fp8 and not cfg.fp8:
         raise ConfigError(
             f"the server's dump hook stores every dump as {FP8_STORAGE} (its config in /server_info forward_hooks), but "
-            f"this run stores the model's dtype. Pass --storage {FP8_STORAGE} (speculators format), or restart SGLang "
+            f"this run stores the model's dtype. Pass --storage {FP8_STORAGE} ({_fp8_formats()} format), or restart SGLang "
             "without the hook's storage"
         )
+
+
+def _formats_where(test: Callable[[type[OutputFormat]], bool]) -> str:
+    """``--format A or --format B``: the registry's formats that pass ``test`` (the formats say, not this module)."""
+    return " or ".join(f"--format {name}" for name in FORMAT_NAMES if test(format_class(name)))
+
+
+def _fp8_formats() -> str:
+    return ", ".join(name for name in FORMAT_NAMES if FP8_STORAGE in format_class(name).storages)
 
 
 def serving_and_trainer_guards(cfg: ExtractConfig, identity: ServerInfo, aux: list[int], fmt: OutputFormat) -> SGLangServing:

@@ -52,6 +52,7 @@ from hsextract.extract.manifest import Manifest, WrittenSample
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.open_requests import OpenRequests, StallWatchdog
 from hsextract.extract.ordering import shortest_first
+from hsextract.extract.outcome import summary_lines
 from hsextract.extract.plan import Plan, Planner
 from hsextract.extract.preflight import check_disk, check_server, establish_identity, log_lengths, serving_and_trainer_guards
 from hsextract.extract.progress import Progress
@@ -59,7 +60,7 @@ from hsextract.extract.resume_check import check_resume
 from hsextract.extract.row_worker import RowWorker
 from hsextract.extract.scan import DatasetScan, scan_dataset
 from hsextract.extract.server_gate import ServerGate
-from hsextract.extract.serving_hints import SGLangServing, summary_lines
+from hsextract.extract.serving_hints import SGLangServing
 from hsextract.extract.stale_dumps import sweep_stale_dumps
 
 log = logging.getLogger(__name__)
