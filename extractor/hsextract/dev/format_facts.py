@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from hsextract.extract.formats import FORMAT_NAMES, format_class
+from hsextract.extract.formats import FORMATS, format_class
 from hsextract.extract.formats.base import AUTO_STORAGE
 
 #: the generated file, relative to the repository root
@@ -37,7 +37,7 @@ _HEADER = (
 def format_facts() -> dict[str, Any]:
     """Each registered format's deployment facts, in registry order."""
     formats: dict[str, Any] = {}
-    for name in FORMAT_NAMES:
+    for name in FORMATS:
         cls = format_class(name)
         formats[name] = {
             "storages": [AUTO_STORAGE, *cls.storages],
@@ -46,7 +46,7 @@ def format_facts() -> dict[str, Any]:
         }
     storages = [AUTO_STORAGE, *dict.fromkeys(s for f in formats.values() for s in f["storages"] if s != AUTO_STORAGE)]
     return {
-        "_hsx_extractor_format_names": list(FORMAT_NAMES),
+        "_hsx_extractor_format_names": list(FORMATS),
         "_hsx_extractor_format_storages": storages,
         "_hsx_extractor_formats": formats,
     }

@@ -26,7 +26,7 @@ from hsextract.extract.client import ServerClient
 from hsextract.extract.config import ExtractConfig
 from hsextract.extract.data_config import read_data_config
 from hsextract.extract.dataset import dataset_kind
-from hsextract.extract.formats import FORMAT_NAMES, format_class, open_format
+from hsextract.extract.formats import FORMATS, format_class, open_format
 from hsextract.extract.formats.base import OutputFormat
 from hsextract.extract.identity import (
     IDENTITY_FILE,
@@ -114,11 +114,11 @@ def _check_hook_storage(cfg: ExtractConfig, info: ServerInfo) -> None:
 
 def _formats_where(test: Callable[[type[OutputFormat]], bool]) -> str:
     """``--format A or --format B``: the registry's formats that pass ``test`` (the formats say, not this module)."""
-    return " or ".join(f"--format {name}" for name in FORMAT_NAMES if test(format_class(name)))
+    return " or ".join(f"--format {name}" for name in FORMATS if test(format_class(name)))
 
 
 def _fp8_formats() -> str:
-    return ", ".join(name for name in FORMAT_NAMES if FP8_STORAGE in format_class(name).storages)
+    return ", ".join(name for name in FORMATS if FP8_STORAGE in format_class(name).storages)
 
 
 def serving_and_trainer_guards(cfg: ExtractConfig, identity: ServerInfo, aux: list[int], fmt: OutputFormat) -> SGLangServing:
