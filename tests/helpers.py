@@ -11,7 +11,8 @@ from hsextract.capture.embedded.config import ServeConfig
 from hsextract.capture.front import HttpFront
 from hsextract.extract.config import ExtractConfig
 from hsextract.extract.metrics import ExtractMetrics
-from hsextract.extract.run import Extraction, RunSummary
+from hsextract.extract.outcome import RunSummary
+from hsextract.extract.run import Extraction
 
 
 def free_port() -> int:

@@ -18,7 +18,7 @@ from hsextract.extract.formats import FORMATS
 PACKAGE = Path(hsextract.__file__).parent
 MAX_LINES = 500
 #: modules still over MAX_LINES, each to be split (empty once the last one is)
-TOO_LONG_FOR_NOW: set[str] = {"hsextract.extract.run"}
+TOO_LONG_FOR_NOW: set[str] = set()
 #: import circles still to be broken, as sorted module tuples (empty once the last one is)
 KNOWN_CIRCLES: set[tuple[str, ...]] = {
     ("hsextract.ops.fleet", "hsextract.ops.status"),

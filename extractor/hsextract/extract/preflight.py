@@ -43,8 +43,16 @@ from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.plan import Plan
 from hsextract.extract.scan import DatasetScan
 from hsextract.extract.serving_hints import SGLangServing, sglang_serving
+from hsextract.extract.setup import RunSetup
 
 log = logging.getLogger(__name__)
+
+
+def prepare(cfg: ExtractConfig, client: ServerClient, metrics: ExtractMetrics, stop: threading.Event) -> RunSetup:
+    """Every check that needs only the server: the run's :class:`RunSetup` (without its identity yet)."""
+    info, aux, dump_dir, fmt = check_server(cfg, client, metrics, stop)
+    serving = serving_and_trainer_guards(cfg, info, aux, fmt)
+    return RunSetup(cfg, info, aux, dump_dir, fmt, serving)
 
 
 def check_server(
@@ -147,10 +155,9 @@ def serving_and_trainer_guards(cfg: ExtractConfig, identity: ServerInfo, aux: li
     return serving
 
 
-def establish_identity(
-    cfg: ExtractConfig, info: ServerInfo, aux: list[int], scan: DatasetScan, fmt: OutputFormat
-) -> OutputIdentity:
+def establish_identity(setup: RunSetup, scan: DatasetScan) -> OutputIdentity:
     """Check this run against what the output holds, and record it before the first request."""
+    cfg, info, aux, fmt = setup.config, setup.server, setup.aux_layer_ids, setup.fmt
     current = OutputIdentity(
         model=ModelIdentity(info.model_path, info.model_fingerprint, info.num_layers),
         aux_layer_ids=aux,
@@ -198,8 +205,10 @@ def _refuse_mixed_storage(cfg: ExtractConfig, recorded: OutputIdentity | None, s
         )
 
 
-def check_disk(cfg: ExtractConfig, plan: Plan, identity: OutputIdentity, fmt: OutputFormat, metrics: ExtractMetrics) -> None:
+def check_disk(setup: RunSetup, plan: Plan, metrics: ExtractMetrics) -> None:
     """Free space on the output filesystem against the estimated output size."""
+    cfg, fmt, identity = setup.config, setup.fmt, setup.identity
+    assert identity is not None, "check_disk runs once the identity is recorded"
     # a server that does not report its dtype: estimated as bfloat16 until the first dump says
     stored = identity.stored_dtype or fmt.stored_dtype_for(identity.dtype) or "bfloat16"
     per_token = fmt.bytes_per_token(len(identity.aux_layer_ids), identity.hidden_size, stored)  # ConfigError: unknown dtype

@@ -26,14 +26,15 @@ from hsextract.dev import format_facts
 from hsextract.errors import ConfigError
 from hsextract.extract import formats, preflight
 from hsextract.extract.checksum import WrittenFile, file_checksum
-from hsextract.extract.data_config import build_data_config, write_data_config
+from hsextract.extract.data_config import write_data_config
 from hsextract.extract.dataset import Sample
 from hsextract.extract.formats import FormatEntry, format_class
 from hsextract.extract.formats.base import OutputFormat, StoredSample
 from hsextract.extract.manifest import Manifest, WrittenSample
 from hsextract.extract.merge import merge_outputs
-from hsextract.extract.outcome import summary_lines
+from hsextract.extract.outcome import build_data_config, summary_lines
 from hsextract.extract.serving_hints import SGLangServing
+from hsextract.extract.setup import RunSetup
 from hsextract.extract.verify import verify_output
 
 H, LAYERS = 8, [1, 2]
@@ -139,7 +140,8 @@ def _extract(config_module: ModuleType, out: Path, dataset: Path, shard: int, nu
         manifest.add_written(WrittenSample(row, fmt.relative(row), 3 + row, 3 + row, written.bytes, written.checksum))
     manifest.close()
     rows_in_shard = len(range(shard, rows, num_shards))
-    config = build_data_config(cfg, _info(), LAYERS, fmt, manifest, rows_in_shard, RunStatus.COMPLETE, serving, "float32")
+    setup = RunSetup(cfg, _info(), LAYERS, out, fmt, serving)
+    config = build_data_config(setup, manifest, rows_in_shard, RunStatus.COMPLETE)
     write_data_config(out, config)
 
 
