@@ -14,6 +14,9 @@ from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.outcome import RunSummary
 from hsextract.extract.run import Extraction
 
+#: data_config.json fields that legitimately differ between two runs producing the same data
+VOLATILE_FIELDS = ("created_at", "updated_at", "created_unix", "extractor_version")
+
 
 def free_port() -> int:
     with socket.socket() as sock:

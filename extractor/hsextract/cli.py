@@ -133,7 +133,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     shards: list[Path] = list(args.shards)
     if args.inventory is not None:
         from hsextract.ops.fleet import shard_dirs_from_inventory
-        from hsextract.ops.status import load_inventory
+        from hsextract.ops.inventory import load_inventory
 
         if shards:
             raise ConfigError("give either SHARD_OUT directories or --inventory, not both")

@@ -25,6 +25,7 @@ from hsextract.capture.embedded.config import ServeConfig
 from hsextract.capture.front import HttpFront
 from hsextract.dev.sample_data import make_sample_data
 from hsextract.ops import status as ops_status
+from hsextract.ops.inventory import Target
 
 from ..helpers import free_port, run_extraction
 from .helpers import REPO, SSHServer
@@ -202,7 +203,7 @@ def test_inventory_without_the_group_is_a_clear_error(ansible_venv: None, tmp_pa
 
 
 def test_status_commands_are_read_only() -> None:
-    target = ops_status.Target("t")
+    target = Target("t")
     for command in ops_status.status_commands(target, log_lines=10).values():
         for word in (" -k", "kill", "rm ", "restart", "systemctl start", "systemctl stop", ">", "tee", "mkdir"):
             assert word not in command.replace("2>/dev/null", "").replace(">/dev/null", ""), (word, command)

@@ -14,8 +14,6 @@ from hsextract.errors import OutputError
 
 DATA_CONFIG_FILE = "data_config.json"
 DATA_FORMAT_VERSION = 1
-#: fields that legitimately differ between two runs producing the same data
-VOLATILE_FIELDS = ("created_at", "updated_at", "created_unix", "extractor_version")
 
 
 class _Record(BaseModel):
