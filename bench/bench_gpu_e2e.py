@@ -61,9 +61,10 @@ import torch
 import transformers
 
 from hsextract.capture.embedded import Engine
-from hsextract.config import ExtractConfig, ServeConfig
+from hsextract.capture.embedded.config import ServeConfig
 from hsextract.contract.dumps import read_dump
 from hsextract.contract.rids import make_rid
+from hsextract.extract.config import ExtractConfig
 from hsextract.extract.formats import open_format
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.run import Extraction

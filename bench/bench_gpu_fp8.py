@@ -29,8 +29,8 @@ import bench_gpu_e2e as e2e
 import torch
 from safetensors.torch import load_file
 
-from hsextract.config import ExtractConfig
 from hsextract.contract.fp8 import FP8_STORAGE, dequantize, max_error_over_amax, quantize_per_token, relative_frobenius_error
+from hsextract.extract.config import ExtractConfig
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.run import Extraction
 

@@ -32,7 +32,7 @@ from typing import Any
 import bench_gpu_e2e as e2e
 import torch
 
-from hsextract.config import ExtractConfig
+from hsextract.extract.config import ExtractConfig
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.run import Extraction
 

@@ -6,10 +6,16 @@ import socket
 import threading
 from pathlib import Path
 
-from hsextract.capture.embedded import EmbeddedServer, Engine
-from hsextract.config import ExtractConfig, ServeConfig
+from hsextract.capture.embedded import Engine
+from hsextract.capture.embedded.config import ServeConfig
+from hsextract.capture.front import HttpFront
+from hsextract.extract.config import ExtractConfig
 from hsextract.extract.metrics import ExtractMetrics
-from hsextract.extract.run import Extraction, RunSummary
+from hsextract.extract.outcome import RunSummary
+from hsextract.extract.run import Extraction
+
+#: data_config.json fields that legitimately differ between two runs producing the same data
+VOLATILE_FIELDS = ("created_at", "updated_at", "created_unix", "extractor_version")
 
 
 def free_port() -> int:
@@ -21,7 +27,7 @@ def free_port() -> int:
 class RunningServer:
     """An embedded server on a free loopback port, its engine and its dump root."""
 
-    def __init__(self, engine: Engine, server: EmbeddedServer) -> None:
+    def __init__(self, engine: Engine, server: HttpFront) -> None:
         self.engine = engine
         self.server = server
         self.url = f"http://127.0.0.1:{server.port}"
@@ -30,7 +36,7 @@ class RunningServer:
     @classmethod
     def start(cls, model: Path, dump_dir: Path, **engine_settings: object) -> RunningServer:
         engine = Engine(ServeConfig(model=model, dump_dir=dump_dir, **engine_settings))  # type: ignore[arg-type]
-        server = EmbeddedServer(engine, "127.0.0.1", 0)
+        server = HttpFront(engine, "127.0.0.1", 0)
         threading.Thread(target=server.serve_forever, name="test-http", daemon=True).start()
         return cls(engine, server)
 

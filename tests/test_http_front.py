@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from hsextract.capture.embedded import EmbeddedServer
-from hsextract.capture.embedded.asgi import MAX_BODY_BYTES
+from hsextract.capture.front import HttpFront
+from hsextract.capture.front.asgi import MAX_BODY_BYTES
 from hsextract.capture.stages import StageClock
 from hsextract.contract.generate import (
     HEALTH_RID_PREFIX,
@@ -76,11 +76,11 @@ class HeldEngine:
 
 
 class Front:
-    """A real :class:`EmbeddedServer` on a free loopback port, serving in a thread."""
+    """A real :class:`HttpFront` on a free loopback port, serving in a thread."""
 
     def __init__(self, **settings: Any) -> None:
         self.engine = HeldEngine()
-        self.server = EmbeddedServer(self.engine, "127.0.0.1", 0, **settings)
+        self.server = HttpFront(self.engine, "127.0.0.1", 0, **settings)
         self.port = self.server.port
         self.url = f"http://127.0.0.1:{self.port}"
         self.thread = threading.Thread(target=self.server.serve_forever, name="test-front", daemon=True)
@@ -283,7 +283,7 @@ def test_shutdown_with_nothing_open_is_prompt(front: Any) -> None:
 
 def test_a_server_shut_down_before_it_served_releases_its_port() -> None:
     engine = HeldEngine()
-    server = EmbeddedServer(engine, "127.0.0.1", 0)
+    server = HttpFront(engine, "127.0.0.1", 0)
     port = server.port
     server.shutdown()
     server.serve_forever()  # returns at once
@@ -297,5 +297,5 @@ def test_a_port_in_use_fails_at_construction() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         with pytest.raises(OSError) as failed:
-            EmbeddedServer(HeldEngine(), "127.0.0.1", taken.getsockname()[1])
+            HttpFront(HeldEngine(), "127.0.0.1", taken.getsockname()[1])
     assert failed.value.strerror == "Address already in use"  # what hsextract serve's ConfigError names

@@ -96,7 +96,9 @@ def test_every_answer_arrives_while_connections_expire_between_requests(server: 
         for i in range(REQUESTS_EACH):
             rid = f"t{thread}-{i}"
             try:
-                answer = client.prefill(rid, [1, 2, 3])
+                pending = client.send_prefill(GenerateRequest(rid, [1, 2, 3]))  # as RowWorker sends
+                pending.wait(None)
+                answer = pending.result()
             except Exception as exc:  # every failure is what this test counts
                 with lock:
                     failures.append(f"{rid}: {exc!r}")

@@ -13,10 +13,9 @@ from pathlib import Path
 import torch
 
 from hsextract.dev.sample_data import make_sample_data
-from hsextract.extract.data_config import VOLATILE_FIELDS
 from hsextract.extract.formats import open_format
 
-from .helpers import run_extraction
+from .helpers import VOLATILE_FIELDS, run_extraction
 
 
 def extract_command(url: str, dataset: Path, output: Path) -> list[str]:

@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from hsextract.config import ExtractConfig
 from hsextract.contract.dumps import DumpSource, write_dump
 from hsextract.contract.generate import GenerateAnswer, GenerateRequest, duplicate_rid_message, error_body
+from hsextract.contract.server_info import ServerInfo
 from hsextract.contract.states import ErrorReason
 from hsextract.extract import row_worker
 from hsextract.extract.client import ServerClient
+from hsextract.extract.config import ExtractConfig
 from hsextract.extract.dataset import Sample
 from hsextract.extract.dump_checks import DumpExpectation
 from hsextract.extract.formats import open_format
@@ -33,6 +34,8 @@ from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.open_requests import OpenRequests
 from hsextract.extract.row_worker import RowWorker
 from hsextract.extract.server_gate import ServerGate
+from hsextract.extract.serving_hints import sglang_serving
+from hsextract.extract.setup import RunSetup
 
 AUX, HIDDEN = [1, 3, 4], 8
 SOURCE = DumpSource("test-peer", "0", "/models/peer", AUX, [a + 1 for a in AUX], final_layer_id=7)
@@ -133,10 +136,14 @@ def run_row(tmp_path: Path) -> Iterator[Callable[..., tuple[Ledger, _Peer, float
             max_consecutive_failures=9, server_url=url,
         )  # fmt: skip
         expect = DumpExpectation(AUX, [a + 1 for a in AUX], HIDDEN, "float32", False)
+        info = ServerInfo(
+            "/models/peer", 8, HIDDEN, 1000, "float32", AUX, str(dump_dir), "test-peer", provides_final_prenorm=False
+        )
+        fmt = open_format("specforge", tmp_path / "out")
+        setup = RunSetup(cfg, info, AUX, dump_dir, fmt, sglang_serving(None, AUX, 8))
         worker = RowWorker(
-            cfg, client, ledger, metrics, open_format("specforge", tmp_path / "out"), dump_dir, lambda dump: expect,
-            OpenRequests(), ServerGate(client, ledger, metrics, timeout_s=5), final_prenorm=False,
-        )  # fmt: skip
+            setup, client, ledger, metrics, lambda dump: expect, OpenRequests(), ServerGate(client, ledger, metrics, timeout_s=5)
+        )
         started = time.monotonic()
         worker.process(Sample(row=3, input_ids=list(range(1, 11)), loss_mask=[1] * 10, original_length=10), "hash")
         took = time.monotonic() - started

@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from hsextract.config import ExtractConfig
 from hsextract.dev.sample_data import make_sample_data
+from hsextract.extract.config import ExtractConfig
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.run import Extraction
 from hsextract.extract.verify import verify_output

@@ -16,9 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from hsextract import __version__
-from hsextract.config import ExtractConfig, ServeConfig, SGLangLaunchConfig, add_config_arguments, load_config
+from hsextract.capture.embedded.config import ServeConfig
+from hsextract.capture.sglang.config import SGLangLaunchConfig
+from hsextract.config import add_config_arguments, load_config
 from hsextract.contract.states import RunStatus
 from hsextract.errors import ConfigError, HsextractError
+from hsextract.extract.config import ExtractConfig
 
 log = logging.getLogger("hsextract")
 
@@ -42,12 +45,13 @@ def _cmd_make_sample_data(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from hsextract.capture.embedded import EmbeddedServer, Engine
+    from hsextract.capture.embedded import Engine
+    from hsextract.capture.front import HttpFront
 
     config: ServeConfig = load_config(ServeConfig, args)
     engine = Engine(config)
     try:
-        server = EmbeddedServer(engine, config.host, config.port)
+        server = HttpFront(engine, config.host, config.port)
     except OSError as exc:
         engine.shutdown()
         raise ConfigError(
@@ -129,7 +133,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     shards: list[Path] = list(args.shards)
     if args.inventory is not None:
         from hsextract.ops.fleet import shard_dirs_from_inventory
-        from hsextract.ops.status import load_inventory
+        from hsextract.ops.inventory import load_inventory
 
         if shards:
             raise ConfigError("give either SHARD_OUT directories or --inventory, not both")

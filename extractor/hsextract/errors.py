@@ -6,6 +6,7 @@
     │   ├── UnsafeDumpDirError    a dump root that is a symlink, another user's, or writable by others
     │   └── MergeError            shards that cannot be merged: they disagree, overlap or leave rows missing
     ├── DatasetError              the dataset as a whole cannot be read
+    ├── GatherError               a shard's output could not be copied from its host (``hsextract merge --inventory``)
     ├── ServerError               the server is unreachable, unhealthy or kept failing
     │   ├── TransientServerError  one failure worth retrying: refused, reset, timeout, HTTP 5xx
     │   │   ├── ServerUnreachableError  no connection at all: the server is down or restarting
@@ -58,6 +59,10 @@ class MergeError(ConfigError):
 
 class DatasetError(HsextractError):
     """The dataset cannot be read at all (missing path, unknown format)."""
+
+
+class GatherError(HsextractError):
+    """A shard's output could not be copied from its host (ssh, rsync or tar failed, or it holds no output)."""
 
 
 class ServerError(HsextractError):

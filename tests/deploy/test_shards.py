@@ -1,6 +1,6 @@
 """Inventory-driven shards, without a container: every host of extraction_containers gets a stable shard,
 rendered into its extraction config by the hsx_extractor role, by the same rule as hsextract's own
-(hsextract.ops.fleet.assign_shards, which make status and make merge use); duplicates stop the preflight."""
+(hsextract.ops.inventory.assign_shards, which make status and make merge use); duplicates stop the preflight."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def rendered_configs(tmp_path: Path, inventory: Path) -> dict[str, dict[str, Any
 def package_rule(hosts: dict[str, dict[str, Any]]) -> dict[str, tuple[int, int]]:
     """hsextract's own assignment, run with the package's interpreter."""
     code = (
-        "import json, sys; from hsextract.ops.fleet import assign_shards; h = json.loads(sys.argv[1]); "
+        "import json, sys; from hsextract.ops.inventory import assign_shards; h = json.loads(sys.argv[1]); "
         "s, n = assign_shards(list(h), h); print(json.dumps({k: [v, n] for k, v in s.items()}))"
     )
     done = subprocess.run([str(PACKAGE_PYTHON), "-c", code, json.dumps(hosts)], capture_output=True, text=True, check=True)

@@ -32,10 +32,9 @@ import httpx
 import pytest
 
 from hsextract.dev.tiny_model import make_tiny_model
-from hsextract.extract.data_config import VOLATILE_FIELDS
 from hsextract.extract.verify import verify_output
 
-from ..helpers import free_port
+from ..helpers import VOLATILE_FIELDS, free_port
 
 VOCAB = 1024
 REPO = Path(__file__).resolve().parents[2]

@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from hsextract.capture.embedded import EmbeddedServer, Engine
-from hsextract.config import ServeConfig
+from hsextract.capture.embedded import Engine
+from hsextract.capture.embedded.config import ServeConfig
+from hsextract.capture.front import HttpFront
 from hsextract.dev.sample_data import make_sample_data
 from hsextract.extract.verify import verify_output
 
@@ -52,7 +53,7 @@ def fleet(model_dir: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     work = tmp_path_factory.mktemp("fleet")
     dump_dir = Path(f"/dev/shm/hsx-fleet-test-{os.getpid()}")
     engine = Engine(ServeConfig(model=model_dir(), dump_dir=dump_dir))
-    server = EmbeddedServer(engine, "127.0.0.1", 0)
+    server = HttpFront(engine, "127.0.0.1", 0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     dataset = make_sample_data(work / "data.jsonl", ROWS, vocab_size=1024, seed=3)
     shards = []

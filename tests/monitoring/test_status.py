@@ -20,10 +20,12 @@ from typing import Any
 import pytest
 import yaml
 
-from hsextract.capture.embedded import EmbeddedServer, Engine
-from hsextract.config import ServeConfig
+from hsextract.capture.embedded import Engine
+from hsextract.capture.embedded.config import ServeConfig
+from hsextract.capture.front import HttpFront
 from hsextract.dev.sample_data import make_sample_data
 from hsextract.ops import status as ops_status
+from hsextract.ops.inventory import Target
 
 from ..helpers import free_port, run_extraction
 from .helpers import REPO, SSHServer
@@ -46,7 +48,7 @@ def live_host(model_dir: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
     work = tmp_path_factory.mktemp("status")
     dump_dir = Path(f"/dev/shm/hsx-status-test-{os.getpid()}")
     engine = Engine(ServeConfig(model=model_dir(), dump_dir=dump_dir))
-    server = EmbeddedServer(engine, "127.0.0.1", 0)
+    server = HttpFront(engine, "127.0.0.1", 0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     dataset = make_sample_data(work / "data.jsonl", ROWS, vocab_size=1024, seed=1)
     with dataset.open("a") as f:
@@ -201,7 +203,7 @@ def test_inventory_without_the_group_is_a_clear_error(ansible_venv: None, tmp_pa
 
 
 def test_status_commands_are_read_only() -> None:
-    target = ops_status.Target("t")
+    target = Target("t")
     for command in ops_status.status_commands(target, log_lines=10).values():
         for word in (" -k", "kill", "rm ", "restart", "systemctl start", "systemctl stop", ">", "tee", "mkdir"):
             assert word not in command.replace("2>/dev/null", "").replace(">/dev/null", ""), (word, command)

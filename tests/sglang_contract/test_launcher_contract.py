@@ -9,8 +9,8 @@ import pytest
 from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM
 from sglang.srt.server_args import ServerArgs
 
+from hsextract.capture.sglang.config import SGLangLaunchConfig
 from hsextract.capture.sglang.launcher import _sglang_method, build_command, layer_id_argument, validate_with_sglang
-from hsextract.config import SGLangLaunchConfig
 from hsextract.errors import ConfigError
 
 KIMI = dict(

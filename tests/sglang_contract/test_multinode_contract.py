@@ -7,8 +7,8 @@ import argparse
 import pytest
 from sglang.srt.server_args import ServerArgs
 
+from hsextract.capture.sglang.config import SGLangLaunchConfig
 from hsextract.capture.sglang.launcher import build_command, validate_with_sglang
-from hsextract.config import SGLangLaunchConfig
 
 TWO_NODES = dict(
     python="/opt/ml-env/bin/python", model_path="/models/Kimi-K2.5", architecture="deepseek", num_hidden_layers=61,

@@ -23,7 +23,7 @@ from specforge.runtime.data_plane.feature_store import LocalFeatureStore
 
 from hsextract.contract.layers import default_aux_layer_ids
 from hsextract.extract.formats import open_format
-from hsextract.extract.serving_hints import SPECFORGE_DEFAULT_MAX_LENGTH, SPECFORGE_DTYPE
+from hsextract.extract.formats.specforge import SPECFORGE_DEFAULT_MAX_LENGTH, SPECFORGE_DTYPE
 
 from .helpers import BAD_ROW, MAX_SEQ_LEN, Output
 

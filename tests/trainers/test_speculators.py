@@ -24,7 +24,7 @@ from speculators.train.recovery import SampleUnavailable
 
 from hsextract.contract.layers import capture_indices, default_aux_layer_ids
 from hsextract.extract.formats import open_format
-from hsextract.extract.serving_hints import SPECULATORS_DEFAULT_TOTAL_SEQ_LEN
+from hsextract.extract.formats.speculators import SPECULATORS_DEFAULT_TOTAL_SEQ_LEN
 
 from .helpers import BAD_ROW, ROWS, Output, arrow_dataset, assert_multipack_collates_every_written_token
 

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from hsextract.config import ExtractConfig, ServeConfig, add_config_arguments, load_config
+from hsextract.capture.embedded.config import ServeConfig
+from hsextract.config import add_config_arguments, load_config
 from hsextract.errors import ConfigError
+from hsextract.extract.config import ExtractConfig
 
 
 def parse(model: type, argv: list[str]) -> object:

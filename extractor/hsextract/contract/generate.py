@@ -1,7 +1,7 @@
 """``POST /generate``: the one request the extractor sends and the answer it reads, and the routes.
 
 The client (:mod:`hsextract.extract.client`), the embedded server
-(:mod:`hsextract.capture.embedded.http`) and the tests all build and read these messages here, so
+(:mod:`hsextract.capture.front.http`) and the tests all build and read these messages here, so
 the two sides cannot drift. The shapes are SGLang's (``GenerateReqInput`` in
 ``sglang/srt/managers/io_struct.py`` and its ``/generate`` answer for ``max_new_tokens: 0``), plus
 two hsextract keys: :data:`FINAL_PRENORM_KEY`, that only a server saying ``final_prenorm_per_request``

@@ -71,7 +71,6 @@ class ErrorReason(_StrEnum):
     DUMP_UNREADABLE = "dump_unreadable"
     UNSAFE_DUMP = "unsafe_dump"
     SERVER_DUMP_ERROR = "server_dump_error"
-    DUMP_DISK_FULL = "dump_disk_full"
     DUMP_TIMEOUT = "dump_timeout"
     TOKEN_MISMATCH = "token_mismatch"
     SHAPE_MISMATCH = "shape_mismatch"

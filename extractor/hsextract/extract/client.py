@@ -238,13 +238,6 @@ class ServerClient:
         future = self._http.submit(post)
         return PendingAnswer(request, future, lambda: self._http.abort(future))
 
-    def prefill(self, rid: str, input_ids: list[int], final_prenorm: bool = False) -> GenerateAnswer:
-        """:meth:`send_prefill` and wait for the answer. ``final_prenorm`` asks a server that dumps the
-        pre-norm state per request (``final_prenorm_per_request``) to dump it."""
-        pending = self.send_prefill(GenerateRequest(rid, input_ids, final_prenorm))
-        pending.wait(None)
-        return pending.result()
-
     def _classify(self, request: GenerateRequest, response: httpx.Response) -> GenerateAnswer:
         rid = request.rid
         status = response.status_code

@@ -3,32 +3,17 @@
 from __future__ import annotations
 
 import json
-import time
-from collections import Counter
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hsextract import __version__
 from hsextract.contract.atomic import atomic_write_bytes
-from hsextract.contract.layers import capture_indices, recorded_layer_ids
-from hsextract.contract.states import ErrorKind, RunStatus
+from hsextract.contract.states import RunStatus
 from hsextract.errors import OutputError
-from hsextract.extract.serving_hints import SGLangServing
-
-if TYPE_CHECKING:
-    from hsextract.config import ExtractConfig
-    from hsextract.contract.server_info import ServerInfo
-    from hsextract.extract.formats.base import OutputFormat
-    from hsextract.extract.identity import OutputIdentity
-    from hsextract.extract.manifest import Manifest
 
 DATA_CONFIG_FILE = "data_config.json"
 DATA_FORMAT_VERSION = 1
-#: fields that legitimately differ between two runs producing the same data
-VOLATILE_FIELDS = ("created_at", "updated_at", "created_unix", "extractor_version")
 
 
 class _Record(BaseModel):
@@ -142,7 +127,8 @@ def read_data_config(output: Path) -> DataConfig | None:
     return DataConfig.from_json(loaded, path)
 
 
-def _previous(output: Path) -> DataConfig | None:
+def previous_data_config(output: Path) -> DataConfig | None:
+    """The output's data_config.json as an earlier run left it; None when there is none or it is damaged."""
     try:
         return read_data_config(output)
     except OutputError:
@@ -151,89 +137,3 @@ def _previous(output: Path) -> DataConfig | None:
 
 def write_data_config(output: Path, data: DataConfig) -> None:
     atomic_write_bytes(Path(output) / DATA_CONFIG_FILE, (json.dumps(data.to_json(), indent=2) + "\n").encode())
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def build_data_config(
-    config: ExtractConfig,
-    identity: ServerInfo,
-    aux_layer_ids: list[int],
-    fmt: OutputFormat,
-    manifest: Manifest,
-    rows_in_shard: int,
-    status: RunStatus,
-    serving: SGLangServing,
-    computed_dtype: str | None,
-    *,
-    output_identity: OutputIdentity | None = None,
-    stop_reason: str | None = None,
-) -> DataConfig:
-    written = manifest.written.values()
-    truncated = [s for s in written if s.truncated]
-    errors = list(manifest.errors.values())
-    previous = _previous(config.output)
-    longest = max((s.num_tokens for s in written), default=0)
-    stored_dtype = fmt.stored_dtype_for(computed_dtype, config.storage)
-    quantization = fmt.quantization(stored_dtype)
-    conversion = None
-    if quantization is not None:
-        conversion = f"{computed_dtype} -> {stored_dtype} on the server ({quantization['scheme']})"
-    elif computed_dtype is not None and stored_dtype != computed_dtype:
-        conversion = f"{computed_dtype} -> {stored_dtype} at packing (format {fmt.name}: its trainer runs in {stored_dtype})"
-    created_at = previous.created_at if previous is not None and previous.created_at else _now()
-    created_unix = previous.created_unix if previous is not None and previous.created_unix is not None else time.time()
-    fields = {
-        "extraction_method": f"hsextract dump hook ({identity.engine})",
-        "format": fmt.name,
-        "data_format_version": DATA_FORMAT_VERSION,
-        "layer_ids": recorded_layer_ids(aux_layer_ids, identity.num_layers),
-        "layer_ids_convention": "0-based index of the decoder layer whose output is captured; last = final layer",
-        "aux_layer_ids": aux_layer_ids,
-        "sglang_layers_to_capture": capture_indices(aux_layer_ids),
-        "hf_hidden_states_indices": [*capture_indices(aux_layer_ids), identity.num_layers],
-        "final_layer_id": identity.num_layers - 1,
-        "final_norm_applied": fmt.final_norm_applied,
-        "num_layers_captured": len(aux_layer_ids) + 1,
-        "num_hidden_layers": identity.num_layers,
-        "hidden_size": identity.hidden_size,
-        "vocab_size": identity.vocab_size,
-        "dtype": stored_dtype,
-        "computed_dtype": computed_dtype,
-        "dtype_conversion": conversion,
-        "max_seq_len": config.max_seq_len,
-        "total_samples": len(manifest.written),
-        "total_tokens": sum(s.num_tokens for s in written),
-        "total_bytes": sum(s.bytes for s in written),
-        "truncated_samples": len(truncated),
-        "truncated_tokens": sum(s.original_length - s.num_tokens for s in truncated),
-        "longest_sample_tokens": longest,
-        "bad_input_samples": sum(1 for e in errors if e.kind is ErrorKind.BAD_INPUT),
-        "failed_samples": sum(1 for e in errors if e.kind is ErrorKind.FAILED),
-        "error_counts": dict(sorted(Counter(e.reason for e in errors).items())),
-        "rows_in_shard": rows_in_shard,
-        "shard_index": config.shard_index,
-        "num_shards": config.num_shards,
-        "status": status.value,
-        "stop_reason": stop_reason,
-        "model": {
-            "path": output_identity.model.path if output_identity else identity.model_path,
-            "fingerprint": output_identity.model.fingerprint if output_identity else identity.model_fingerprint,
-            "num_hidden_layers": identity.num_layers,
-            "family": None if serving.family is None else serving.family.value,
-        },
-        "serving": serving.to_json(),
-        "trainer": fmt.trainer_settings(serving, longest, stored_dtype),
-        "engine": identity.engine,
-        "dataset": str(Path(config.dataset).resolve()),
-        "dataset_fingerprint": output_identity.dataset.fingerprint if output_identity else None,
-        "extractor_version": __version__,
-        "created_at": created_at,
-        "updated_at": _now(),
-        "created_unix": created_unix,
-    }
-    if quantization is not None:  # an unquantized output's file keeps exactly its keys
-        fields["quantization"] = quantization
-    return DataConfig.model_validate(fields)

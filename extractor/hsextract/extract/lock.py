@@ -29,10 +29,6 @@ class OutputLock:
         self.path = self.output / LOCK_FILE
         self._fd: int | None = None
 
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
     def acquire(self) -> None:
         """Take the lock or raise :class:`OutputLockedError` at once, naming the holder."""
         if self._fd is not None:

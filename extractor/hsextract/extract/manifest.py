@@ -113,7 +113,8 @@ def _cut_torn_tail(path: Path) -> None:
         handle.truncate(position)
 
 
-def _write_jsonl_atomic(path: Path, records: list[dict[str, Any]]) -> None:
+def write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
+    """Replace ``path`` with these records, one JSON line each, atomically (temp name, fsync, ``os.replace``)."""
     tmp = temp_path(path)
     try:
         with open(tmp, "w") as handle:
@@ -212,5 +213,5 @@ class Manifest:
         with self._lock:
             self._samples_log.close()
             self._errors_log.close()
-            _write_jsonl_atomic(self.root / SAMPLES_FILE, [asdict(self.written[r]) for r in sorted(self.written)])
-            _write_jsonl_atomic(self.root / ERRORS_FILE, [asdict(self.errors[r]) for r in sorted(self.errors)])
+            write_jsonl(self.root / SAMPLES_FILE, [asdict(self.written[r]) for r in sorted(self.written)])
+            write_jsonl(self.root / ERRORS_FILE, [asdict(self.errors[r]) for r in sorted(self.errors)])

@@ -32,14 +32,13 @@ from hsextract.errors import MergeError
 from hsextract.extract.data_config import DATA_CONFIG_FILE, read_data_config, write_data_config
 from hsextract.extract.formats import open_format
 from hsextract.extract.formats.base import OutputFormat
-from hsextract.extract.manifest import ERRORS_FILE, SAMPLES_FILE
+from hsextract.extract.manifest import ERRORS_FILE, SAMPLES_FILE, read_jsonl, write_jsonl
 from hsextract.extract.merge_plan import MergePlan, ShardOutput, build_plan, merged_data_config, provenance_of
 
 log = logging.getLogger(__name__)
 
 #: present while a merge is writing OUT; lets a rerun recognise (and finish) its own half-done output
 MERGE_MARKER = ".hsextract-merge-in-progress"
-_SAMPLE_SUFFIXES = (".ckpt", ".safetensors")
 #: link(2) errors that mean "this filesystem (pair) cannot hard-link": copy instead
 _NO_LINK_ERRNOS = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EACCES}
 
@@ -56,24 +55,16 @@ class MergeSummary:
     already_present: int
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    records = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            raise MergeError(
-                f"{path} line {number} is torn (the shard's run was killed): finish that shard with hsextract extract "
-                "(same command; it resumes and rewrites the file) before merging"
-            ) from None
-        if not isinstance(record, dict) or not isinstance(record.get("row"), int):
-            raise MergeError(f"{path} line {number} is not a row record: {line[:120]!r}; is it an hsextract output?")
-        records.append(record)
-    return records
+def _read_records(path: Path) -> list[dict[str, Any]]:
+    """A shard's ``samples.jsonl`` or ``errors.jsonl`` (the manifest's reader); MergeError at its first torn line."""
+    content = read_jsonl(path)
+    if content.torn_lines:
+        raise MergeError(
+            f"{path} line {content.torn_lines[0]} is torn or not a row record (the shard's run was killed, or it is no "
+            "hsextract output): finish that shard with hsextract extract (same command; it resumes and rewrites the "
+            "file) before merging"
+        )
+    return content.records
 
 
 def read_shard(path: Path) -> ShardOutput:
@@ -86,7 +77,7 @@ def read_shard(path: Path) -> ShardOutput:
             f"{path} has no {DATA_CONFIG_FILE}: it is not an hsextract output, or its run never ended; "
             "rerun its hsextract extract command (it resumes) and merge again"
         )
-    return ShardOutput(path, config, _read_jsonl(path / SAMPLES_FILE), _read_jsonl(path / ERRORS_FILE))
+    return ShardOutput(path, config, _read_records(path / SAMPLES_FILE), _read_records(path / ERRORS_FILE))
 
 
 def _check_target(into: Path, shards: Sequence[ShardOutput]) -> None:
@@ -179,15 +170,11 @@ def _remove_strays(fmt: OutputFormat, into: Path, rows: set[int]) -> int:
     """Sample files of an earlier merge with other shards: not part of this output."""
     wanted = {fmt.sample_path(row) for row in rows}
     removed = 0
-    for path in into.rglob("*"):
-        if path.suffix in _SAMPLE_SUFFIXES and path.is_file() and path not in wanted:
+    for path in list(fmt.sample_files()):
+        if path.is_file() and path not in wanted:
             path.unlink()
             removed += 1
     return removed
-
-
-def _write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
-    atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in records).encode())
 
 
 def merge_outputs(shard_dirs: Sequence[Path], into: Path, copy: bool = False) -> MergeSummary:
@@ -225,8 +212,8 @@ def merge_outputs(shard_dirs: Sequence[Path], into: Path, copy: bool = False) ->
         (e for shard in plan.shards for e in shard.errors if int(e["row"]) in plan.bad_rows),
         key=lambda e: int(e["row"]),
     )
-    _write_jsonl(into / SAMPLES_FILE, samples)
-    _write_jsonl(into / ERRORS_FILE, errors)
+    write_jsonl(into / SAMPLES_FILE, samples)
+    write_jsonl(into / ERRORS_FILE, errors)
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     config = merged_data_config(plan, [provenance_of(s) for s in plan.shards], now)
     config.merge_files = {"hard_linked": placer.counts["linked"], "copied": placer.counts["copied"]}

@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
-from hsextract.config import ExtractConfig
 from hsextract.contract.dump_dir import check_dump_root
 from hsextract.contract.fp8 import FP8_STORAGE
 from hsextract.contract.layers import resolve_aux_layer_ids
@@ -23,9 +23,10 @@ from hsextract.errors import (
     ServerError,
 )
 from hsextract.extract.client import ServerClient
+from hsextract.extract.config import ExtractConfig
 from hsextract.extract.data_config import read_data_config
 from hsextract.extract.dataset import dataset_kind
-from hsextract.extract.formats import format_class, open_format
+from hsextract.extract.formats import FORMATS, format_class, open_format
 from hsextract.extract.formats.base import OutputFormat
 from hsextract.extract.identity import (
     IDENTITY_FILE,
@@ -42,8 +43,16 @@ from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.plan import Plan
 from hsextract.extract.scan import DatasetScan
 from hsextract.extract.serving_hints import SGLangServing, sglang_serving
+from hsextract.extract.setup import RunSetup
 
 log = logging.getLogger(__name__)
+
+
+def prepare(cfg: ExtractConfig, client: ServerClient, metrics: ExtractMetrics, stop: threading.Event) -> RunSetup:
+    """Every check that needs only the server: the run's :class:`RunSetup` (without its identity yet)."""
+    info, aux, dump_dir, fmt = check_server(cfg, client, metrics, stop)
+    serving = serving_and_trainer_guards(cfg, info, aux, fmt)
+    return RunSetup(cfg, info, aux, dump_dir, fmt, serving)
 
 
 def check_server(
@@ -85,7 +94,7 @@ def check_server(
     if fmt.needs_final_prenorm and info.provides_final_prenorm is False:
         raise ConfigError(
             f"format {cfg.format} needs the pre-norm final state, which this server does not dump; "
-            "use --format specforge or enable the pre-norm dump in the server's hook config"
+            f"use {_formats_where(lambda f: not f.needs_final_prenorm)} or enable the pre-norm dump in the server's hook config"
         )
     _check_hook_storage(cfg, info)
     return info, aux, dump_dir, fmt
@@ -106,9 +115,18 @@ def _check_hook_storage(cfg: ExtractConfig, info: ServerInfo) -> None:
     if server_fp8 and not cfg.fp8:
         raise ConfigError(
             f"the server's dump hook stores every dump as {FP8_STORAGE} (its config in /server_info forward_hooks), but "
-            f"this run stores the model's dtype. Pass --storage {FP8_STORAGE} (speculators format), or restart SGLang "
+            f"this run stores the model's dtype. Pass --storage {FP8_STORAGE} ({_fp8_formats()} format), or restart SGLang "
             "without the hook's storage"
         )
+
+
+def _formats_where(test: Callable[[type[OutputFormat]], bool]) -> str:
+    """``--format A or --format B``: the registry's formats that pass ``test`` (the formats say, not this module)."""
+    return " or ".join(f"--format {name}" for name in FORMATS if test(format_class(name)))
+
+
+def _fp8_formats() -> str:
+    return ", ".join(name for name in FORMATS if FP8_STORAGE in format_class(name).storages)
 
 
 def serving_and_trainer_guards(cfg: ExtractConfig, identity: ServerInfo, aux: list[int], fmt: OutputFormat) -> SGLangServing:
@@ -137,10 +155,9 @@ def serving_and_trainer_guards(cfg: ExtractConfig, identity: ServerInfo, aux: li
     return serving
 
 
-def establish_identity(
-    cfg: ExtractConfig, info: ServerInfo, aux: list[int], scan: DatasetScan, fmt: OutputFormat
-) -> OutputIdentity:
+def establish_identity(setup: RunSetup, scan: DatasetScan) -> OutputIdentity:
     """Check this run against what the output holds, and record it before the first request."""
+    cfg, info, aux, fmt = setup.config, setup.server, setup.aux_layer_ids, setup.fmt
     current = OutputIdentity(
         model=ModelIdentity(info.model_path, info.model_fingerprint, info.num_layers),
         aux_layer_ids=aux,
@@ -188,8 +205,10 @@ def _refuse_mixed_storage(cfg: ExtractConfig, recorded: OutputIdentity | None, s
         )
 
 
-def check_disk(cfg: ExtractConfig, plan: Plan, identity: OutputIdentity, fmt: OutputFormat, metrics: ExtractMetrics) -> None:
+def check_disk(setup: RunSetup, plan: Plan, metrics: ExtractMetrics) -> None:
     """Free space on the output filesystem against the estimated output size."""
+    cfg, fmt, identity = setup.config, setup.fmt, setup.identity
+    assert identity is not None, "check_disk runs once the identity is recorded"
     # a server that does not report its dtype: estimated as bfloat16 until the first dump says
     stored = identity.stored_dtype or fmt.stored_dtype_for(identity.dtype) or "bfloat16"
     per_token = fmt.bytes_per_token(len(identity.aux_layer_ids), identity.hidden_size, stored)  # ConfigError: unknown dtype

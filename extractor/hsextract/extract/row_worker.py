@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hsextract.config import ExtractConfig
 from hsextract.contract.atomic import disk_full_text, is_disk_full
 from hsextract.contract.dumps import Dump, completed_at, dump_state, read_dump, read_error, remove_dump
 from hsextract.contract.generate import GenerateRequest
@@ -37,6 +36,7 @@ from hsextract.errors import (
 )
 from hsextract.extract.checksum import WrittenFile
 from hsextract.extract.client import PendingAnswer, ServerClient
+from hsextract.extract.config import ExtractConfig
 from hsextract.extract.dataset import Sample
 from hsextract.extract.dump_checks import DumpExpectation, check_dump
 from hsextract.extract.formats.base import OutputFormat
@@ -44,6 +44,7 @@ from hsextract.extract.ledger import Ledger, disk_full_error
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.open_requests import OpenRequest, OpenRequests
 from hsextract.extract.server_gate import ServerGate
+from hsextract.extract.setup import RunSetup
 
 log = logging.getLogger(__name__)
 
@@ -67,30 +68,27 @@ class RowWorker:
 
     def __init__(
         self,
-        config: ExtractConfig,
+        setup: RunSetup,
         client: ServerClient,
         ledger: Ledger,
         metrics: ExtractMetrics,
-        fmt: OutputFormat,
-        dump_dir: Path,
         expectation: Callable[[Dump], DumpExpectation],
         open_requests: OpenRequests,
         gate: ServerGate,
-        final_prenorm: bool,
-        storage: str | None = None,
     ) -> None:
-        self.config = config
+        self.setup = setup
+        self.config: ExtractConfig = setup.config
         self.client = client
         self.ledger = ledger
         self.metrics = metrics
-        self.fmt = fmt
-        self.dump_dir = dump_dir
+        self.fmt: OutputFormat = setup.fmt
+        self.dump_dir: Path = setup.dump_dir
         self.expectation = expectation
         self.open_requests = open_requests
         self.gate = gate
-        self.final_prenorm = final_prenorm
+        self.final_prenorm = setup.final_prenorm
         #: asked per request (GenerateRequest.storage) of a server that says fp8_per_request; None: not asked
-        self.storage = storage
+        self.storage = setup.request_storage
         self.stop: threading.Event = ledger.stop
         self._lock = threading.Lock()
         # rows written before their answer came: the row and when its grace ends (time.monotonic)

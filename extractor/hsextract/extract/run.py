@@ -29,18 +29,16 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
-from hsextract.config import ExtractConfig
 from hsextract.contract.atomic import is_disk_full, is_temp_name, remove_quietly
 from hsextract.contract.dumps import Dump
-from hsextract.contract.layers import capture_indices
-from hsextract.contract.server_info import ServerInfo
-from hsextract.contract.states import ErrorKind, RunStatus
+from hsextract.contract.states import RunStatus
 from hsextract.errors import BadSampleError, DiskFullError, HsextractError, ServerError
 from hsextract.extract.client import ServerClient
-from hsextract.extract.data_config import DataConfig, build_data_config, write_data_config
+from hsextract.extract.config import ExtractConfig
+from hsextract.extract.data_config import write_data_config
 from hsextract.extract.dataset import Sample, iter_raw_rows, iter_rows, validate_row
 from hsextract.extract.dump_checks import DumpExpectation
 from hsextract.extract.formats import format_class
@@ -52,42 +50,18 @@ from hsextract.extract.manifest import Manifest, WrittenSample
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.open_requests import OpenRequests, StallWatchdog
 from hsextract.extract.ordering import shortest_first
+from hsextract.extract.outcome import RunSummary, build_data_config, summarize
 from hsextract.extract.plan import Plan, Planner
-from hsextract.extract.preflight import check_disk, check_server, establish_identity, log_lengths, serving_and_trainer_guards
+from hsextract.extract.preflight import check_disk, establish_identity, log_lengths, prepare
 from hsextract.extract.progress import Progress
 from hsextract.extract.resume_check import check_resume
 from hsextract.extract.row_worker import RowWorker
 from hsextract.extract.scan import DatasetScan, scan_dataset
 from hsextract.extract.server_gate import ServerGate
-from hsextract.extract.serving_hints import SGLangServing, summary_lines
+from hsextract.extract.setup import RunSetup
 from hsextract.extract.stale_dumps import sweep_stale_dumps
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RunSummary:
-    status: RunStatus
-    output: Path
-    rows_in_shard: int
-    written_now: int
-    resumed: int
-    bad_input: int
-    failed: int
-    truncated: int
-    total_samples: int
-    total_tokens: int
-    seconds: float
-    fatal_error: str | None = None
-    stop_reason: str | None = None
-    #: how to serve and train on the output (data_config.json ``serving`` and ``trainer``)
-    hints: tuple[str, ...] = ()
-    #: rows written from their dump whose HTTP answer did not follow within answer_grace_s
-    late_answers: int = 0
-    #: the longest a complete dump waited before the extractor took it up
-    longest_dump_pickup_s: float = 0.0
-    #: times the server stopped taking connections mid-run and the run waited for it (server_gate)
-    server_outages: int = 0
 
 
 def sweep_temp_files(root: Path) -> int:
@@ -101,18 +75,6 @@ def sweep_temp_files(root: Path) -> int:
                 path.unlink(missing_ok=True)
             removed += 1
     return removed
-
-
-def _storage_hint(data_config: DataConfig) -> tuple[str, ...]:
-    """The summary line of an FP8 output: what it holds and the trainer flag that reads it."""
-    quantization = data_config.quantization
-    if quantization is None:
-        return ()
-    flags = " ".join(f"{k} {v}" for k, v in quantization["trainer_flags"].items())
-    return (
-        f"stored as {data_config.dtype} ({quantization['scheme']}; scales in {quantization['scales_key']}): the trainer "
-        f"reads it only with {flags}",
-    )
 
 
 class Extraction:
@@ -198,25 +160,23 @@ class Extraction:
         try:
             if cfg.output.is_dir():
                 lock.acquire()  # before waiting for the server: a second extractor stops at once
-            info, aux, dump_dir, fmt = check_server(cfg, self.client, self.metrics, self.stop)
-            serving = serving_and_trainer_guards(cfg, info, aux, fmt)
+            setup = prepare(cfg, self.client, self.metrics, self.stop)
             cfg.output.mkdir(parents=True, exist_ok=True)
             lock.acquire()
-            return self._run_locked(started, info, aux, dump_dir, fmt, serving)
+            return self._run_locked(started, setup)
         finally:
             self._finished.set()
             self.client.close()
             lock.release()
 
-    def _run_locked(
-        self, started: float, info: ServerInfo, aux: list[int], dump_dir: Path, fmt: OutputFormat, serving: SGLangServing
-    ) -> RunSummary:
-        cfg = self.config
+    def _run_locked(self, started: float, setup: RunSetup) -> RunSummary:
+        cfg, fmt, dump_dir = self.config, setup.fmt, setup.dump_dir
         swept = sweep_temp_files(cfg.output)
         if swept:
             log.info("removed %d temporary files left by an interrupted run", swept)
         scan = scan_dataset(cfg.dataset, cfg.shard_index, cfg.num_shards, self._check_stop)
-        identity = self._identity = establish_identity(cfg, info, aux, scan, fmt)
+        identity = self._identity = establish_identity(setup, scan)
+        setup = replace(setup, identity=identity)
         manifest = Manifest(cfg.output)
         ledger = self.ledger = Ledger(
             manifest,
@@ -232,9 +192,9 @@ class Extraction:
         try:
             resume = check_resume(manifest, scan, fmt, cfg.resume_check == "checksum", self._check_stop)
             resume.log_summary()
-            planner = self._planner(scan, manifest, info.vocab_size)
+            planner = self._planner(scan, manifest, setup.vocab_size)
             plan = planner.estimate()  # the first rows only: the first request leaves within seconds
-            check_disk(cfg, plan, identity, fmt, self.metrics)
+            check_disk(setup, plan, self.metrics)
             stale = sweep_stale_dumps(dump_dir, cfg.rid_prefix, cfg.shard_index, cfg.num_shards)
             if stale:
                 log.info("removed %d dumps of this shard left in %s by earlier requests", stale, dump_dir)
@@ -245,40 +205,18 @@ class Extraction:
             self.metrics.samples.labels("resumed").inc(plan.settled)
             self.metrics.running.set(1)
             self.metrics.run_started.set(time.time())
-            expect = DumpExpectation(
-                aux,
-                capture_indices(aux),
-                identity.hidden_size,
-                identity.dtype,
-                fmt.needs_final_prenorm,
-                model_path=identity.model.path,
-                model_fingerprint=identity.model.fingerprint,
-                storage=cfg.storage if cfg.fp8 else None,
-            )
+            expect = setup.dump_expectation()
             progress = Progress(plan.rows_in_shard, plan.settled, plan.todo_tokens, cfg.log_interval_s)
             if not plan.exact:
                 planner.start(functools.partial(self._exact_plan, progress=progress))
             open_requests = OpenRequests()
             gate = self._gate = ServerGate(self.client, ledger, self.metrics, cfg.server_down_timeout_s)
-            worker = RowWorker(
-                cfg,
-                self.client,
-                ledger,
-                self.metrics,
-                fmt,
-                dump_dir,
-                functools.partial(self._expectation, expect),
-                open_requests,
-                gate,
-                final_prenorm=fmt.needs_final_prenorm and bool(info.final_prenorm_per_request),
-                # a server that cannot take it per request dumps what it is configured with (the SGLang hook's
-                # storage); every dump's storage is checked against the output's either way
-                storage=cfg.storage if cfg.fp8 and info.fp8_per_request else None,
-            )
+            expectation = functools.partial(self._expectation, expect)
+            worker = RowWorker(setup, self.client, ledger, self.metrics, expectation, open_requests, gate)
             watchdog = StallWatchdog(open_requests, ledger, self.metrics, cfg.stall_timeout_s)
             watchdog.start()
             try:
-                self._stream(ledger, worker, info.vocab_size, dump_dir, progress)
+                self._stream(ledger, worker, setup, progress)
             finally:
                 watchdog.close()
                 worker.abandon_answers()
@@ -291,7 +229,7 @@ class Extraction:
             raise
         status, stop_reason = ledger.outcome()
         plan = planner.result() if planner is not None else Plan(len(scan.row_hashes), 0, 0, 0)
-        return self._finish(started, info, aux, dump_dir, fmt, serving, ledger, plan, status, stop_reason)
+        return self._finish(started, setup, ledger, plan, status, stop_reason)
 
     @staticmethod
     def _close_quietly(manifest: Manifest) -> None:
@@ -305,25 +243,15 @@ class Extraction:
             )
 
     def _finish(
-        self,
-        started: float,
-        info: ServerInfo,
-        aux: list[int],
-        dump_dir: Path,
-        fmt: OutputFormat,
-        serving: SGLangServing,
-        ledger: Ledger,
-        plan: Plan,
-        status: RunStatus,
-        stop_reason: str | None,
+        self, started: float, setup: RunSetup, ledger: Ledger, plan: Plan, status: RunStatus, stop_reason: str | None
     ) -> RunSummary:
         """Write what can be written, even on a full disk: the manifest, the format's index, data_config."""
-        cfg = self.config
+        cfg, fmt = self.config, setup.fmt
         manifest = ledger.manifest
         self._close_quietly(manifest)
         if status in (RunStatus.COMPLETE, RunStatus.INCOMPLETE):
             try:
-                fmt.finalize(self._valid_samples(manifest.written, info.vocab_size), set(manifest.written))
+                fmt.finalize(self._valid_samples(manifest.written, setup.vocab_size), set(manifest.written))
                 removed = self._remove_unlisted(fmt, manifest)
                 if removed:
                     log.info("removed %d sample files of rows this output no longer holds", removed)
@@ -332,45 +260,16 @@ class Extraction:
                     raise
                 ledger.stop_fatal(disk_full_error(cfg.output, "the output", exc))
                 status, stop_reason = ledger.outcome()
-        identity = self._identity
-        computed_dtype = identity.dtype if identity is not None else info.dtype
-        data_config = build_data_config(
-            cfg,
-            info,
-            aux,
-            fmt,
-            manifest,
-            plan.rows_in_shard,
-            status,
-            serving,
-            computed_dtype,
-            output_identity=identity,
-            stop_reason=stop_reason,
-        )
+        if self._identity is not None:  # the first dump may have pinned the dtype since
+            setup = replace(setup, identity=self._identity)
+        data_config = build_data_config(setup, manifest, plan.rows_in_shard, status, stop_reason)
         try:
             write_data_config(cfg.output, data_config)
         except OSError as exc:
             log.error("could not write data_config.json (%s); the next run writes it", exc)
-        sweep_stale_dumps(dump_dir, cfg.rid_prefix, cfg.shard_index, cfg.num_shards)
-        return RunSummary(
-            status=status,
-            output=cfg.output,
-            rows_in_shard=plan.rows_in_shard,
-            written_now=ledger.written_now,
-            resumed=plan.settled,
-            bad_input=sum(1 for e in manifest.errors.values() if e.kind is ErrorKind.BAD_INPUT),
-            failed=sum(1 for e in manifest.errors.values() if e.kind is ErrorKind.FAILED),
-            truncated=data_config.truncated_samples,
-            total_samples=data_config.total_samples,
-            total_tokens=data_config.total_tokens,
-            seconds=time.monotonic() - started,
-            fatal_error=ledger.fatal_text(),
-            stop_reason=stop_reason,
-            hints=tuple(summary_lines(serving, data_config.trainer or {}, cfg.output, fmt.name)) + _storage_hint(data_config),
-            late_answers=ledger.late_answers,
-            longest_dump_pickup_s=ledger.longest_dump_pickup_s,
-            server_outages=self._gate.outages if self._gate is not None else 0,
-        )
+        sweep_stale_dumps(setup.dump_dir, cfg.rid_prefix, cfg.shard_index, cfg.num_shards)
+        outages = self._gate.outages if self._gate is not None else 0
+        return summarize(setup, data_config, ledger, plan, seconds=time.monotonic() - started, server_outages=outages)
 
     def _exact_plan(self, plan: Plan, progress: Progress) -> None:
         self.metrics.planned.set(plan.rows_in_shard)
@@ -394,9 +293,9 @@ class Extraction:
                 removed += 1
         return removed
 
-    def _stream(self, ledger: Ledger, worker: RowWorker, vocab_size: int, dump_dir: Path, progress: Progress) -> None:
+    def _stream(self, ledger: Ledger, worker: RowWorker, setup: RunSetup, progress: Progress) -> None:
         """Hand every row of the shard that is not settled to the workers, at most ``concurrency`` at once."""
-        cfg = self.config
+        cfg, vocab_size, dump_dir = self.config, setup.vocab_size, setup.dump_dir
         manifest = ledger.manifest
         slots = threading.BoundedSemaphore(cfg.concurrency)
         digests: dict[int, str] = {}  # each row's content hash, as read now; taken when the row leaves

@@ -1,5 +1,6 @@
-"""What an output tells the serving engine and its trainer, so a drafter is served on the states it
-learned from (``data_config.json`` ``serving`` and ``trainer``, and the end-of-run summary).
+"""What an output tells the serving engine, so a drafter is served on the states it learned from
+(``data_config.json`` ``serving`` and the end-of-run summary). The trainer's side (its settings and
+defaults) is each format's own (:mod:`hsextract.extract.formats`).
 
 Neither trainer reads ``data_config.json``: a drafter trained on an output with a trainer's default
 configuration, or with an ``eagle_aux_hidden_state_layer_ids`` that means other states to SGLang, is
@@ -13,34 +14,20 @@ served on other layers than it learned, silently. So every output states, for th
   ``--hidden-states-path``, ``--on-missing skip`` for rows the output does not hold,
   ``--total-seq-len`` >= the longest sample).
 
-The trainer defaults below are the released packages' (SpecForge 0.2.0, speculators 0.9.0);
-tests/trainers checks them, and these settings, against the packages' own code.
+The trainer defaults live in the format modules (``formats/specforge.py``, ``formats/speculators.py``);
+tests/trainers checks them, and the settings, against the released packages' own code.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from hsextract.contract.layers import capture_indices
 from hsextract.contract.sglang_capture import SGLANG_VERSION, ModelFamily, draft_layer_ids
-from hsextract.extract.formats import format_class
 
 log = logging.getLogger(__name__)
-
-SPECFORGE_VERSION = "0.2.0"
-SPECULATORS_VERSION = "0.9.0"
-#: SpecForge ``data.max_length``: a longer sample loses its tail in the offline normalizer
-SPECFORGE_DEFAULT_MAX_LENGTH = 2048
-#: speculators ``--total-seq-len``: the packing budget; a longer sample is cut by the collator
-SPECULATORS_DEFAULT_TOTAL_SEQ_LEN = 8192
-#: SpecForge's EAGLE-3 draft takes exactly this many aux layers (``resolve_eagle_capture_layers``)
-SPECFORGE_NUM_AUX_LAYERS = 3
-#: the dtype SpecForge's target head and draft run in; its target head fails on any other input
-SPECFORGE_DTYPE = "bfloat16"
-
 
 @dataclass(frozen=True)
 class SGLangServing:
@@ -85,32 +72,12 @@ def sglang_serving(family: ModelFamily | None, aux_layer_ids: list[int], num_lay
     return SGLangServing(family, list(aux_layer_ids), num_layers, value)
 
 
-def trainer_settings(format_name: str, serving: SGLangServing, longest_sample: int) -> dict[str, Any]:
-    """The settings format ``format_name``'s trainer needs for this output (``data_config.json`` ``trainer``):
-    the format's own (:meth:`~hsextract.extract.formats.base.OutputFormat.trainer_settings`)."""
-    return format_class(format_name).trainer_settings(serving, longest_sample)
-
-
-def speculators_args(trainer: dict[str, Any], output: Path) -> list[str]:
-    """speculators' command-line flags for this output, paths resolved."""
-    args: list[str] = []
-    for flag, value in trainer["flags"].items():
-        if flag in ("--data-path", "--hidden-states-path"):
-            value = str(Path(output).resolve() / value)
-        args += [flag, *(map(str, value) if isinstance(value, list) else [str(value)])]
-    return args
-
-
-def summary_lines(serving: SGLangServing, trainer: dict[str, Any], output: Path, format_name: str) -> list[str]:
-    """The end-of-run summary's lines about serving and training."""
-    lines = []
+def serving_line(serving: SGLangServing) -> str:
+    """The end-of-run summary's line about serving a drafter trained on the output."""
     if serving.draft_layer_ids is not None:
-        lines.append(
+        return (
             f"serve a drafter trained on it with eagle_config.eagle_aux_hidden_state_layer_ids {serving.draft_layer_ids} "
             f"(SGLang {SGLANG_VERSION}, {serving.family} family: captures hidden_states{serving.layers_to_capture}; "
             "hsextract draft-config / check-draft)"
         )
-    else:
-        lines.append(f"no SGLang draft-config value: {serving.to_json()['no_value_because']}")
-    lines.append(format_class(format_name).trainer_summary(trainer, output))
-    return lines
+    return f"no SGLang draft-config value: {serving.to_json()['no_value_because']}"

@@ -1,9 +1,6 @@
-"""One dataset over many containers: which shard each host extracts, the fleet's total, its outputs.
+"""One dataset over many containers: the fleet's total, its outputs (which shard each host extracts:
+:func:`~hsextract.ops.inventory.assign_shards`).
 
-- :func:`assign_shards`: the rule the Ansible roles render (``playbooks/vars/deploy.yml``): a host's
-  ``hsx_shard_index`` when set; the other hosts, in sorted order, take the indices left free, lowest
-  first (so without any setting: the host's position in the sorted group). ``num_shards`` is
-  ``hsx_num_shards`` when set, else the group's size. Indices must be unique and below ``num_shards``.
 - :func:`fleet_total`: ``hsextract status``'s TOTAL over every shard's progress: samples and tokens
   settled and planned, the summed rate, the ETA of the shard that ends last (the fleet's ETA), errors,
   and the slowest shard by name.
@@ -20,51 +17,17 @@ import logging
 import shlex
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
-from hsextract.errors import ConfigError, HsextractError
-from hsextract.ops.status import HostStatus, Target, duration
+from hsextract.errors import ConfigError, GatherError
+from hsextract.ops.inventory import Target
+from hsextract.ops.status import HostStatus, duration
 
 log = logging.getLogger(__name__)
 
 TEMP_GLOB = ".*.tmp-*"
-
-
-def assign_shards(hosts: Sequence[str], hostvars: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, int], int]:
-    """Each host's shard index, and the number of shards. Nodes 1.. of a multi-node server
-    (``hsx_node_rank`` above 0) extract nothing and get no shard."""
-    ordered = sorted(h for h in hosts if int(hostvars.get(h, {}).get("hsx_node_rank") or 0) == 0)
-    explicit_num = [hostvars.get(h, {}).get("hsx_num_shards") for h in ordered]
-    given = {int(n) for n in explicit_num if n not in (None, "")}
-    if len(given) > 1:
-        raise ConfigError(f"hsx_num_shards differs between hosts ({sorted(given)}); set it once, in group_vars")
-    num_shards = given.pop() if given else len(ordered)
-    shards: dict[str, int] = {}
-    for host in ordered:
-        value = hostvars.get(host, {}).get("hsx_shard_index")
-        if value not in (None, ""):
-            shards[host] = int(value)
-    free = iter(i for i in range(max(num_shards, len(ordered))) if i not in shards.values())
-    for host in ordered:
-        if host not in shards:
-            shards[host] = next(free)
-    seen: dict[int, str] = {}
-    for host in ordered:
-        index = shards[host]
-        if not 0 <= index < num_shards:
-            raise ConfigError(
-                f"{host}: shard index {index} is outside 0..{num_shards - 1}; fix hsx_shard_index or set hsx_num_shards"
-            )
-        if index in seen:
-            raise ConfigError(
-                f"{seen[index]} and {host} both extract shard {index}: give each host its own hsx_shard_index "
-                "(or drop them all to use the hosts' sorted order)"
-            )
-        seen[index] = host
-    return shards, num_shards
 
 
 # -- the fleet's total ------------------------------------------------------------------------------
@@ -185,10 +148,6 @@ def render_total(total: FleetTotal) -> str:
 
 
 # -- gathering outputs ------------------------------------------------------------------------------
-class GatherError(HsextractError):
-    """A shard's output could not be copied from its host."""
-
-
 def _ssh_argv(target: Target, options: Sequence[str]) -> list[str]:
     argv = ["ssh", "-o", "BatchMode=yes"]
     for option in options:

@@ -16,9 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import shlex
-import shutil
 import subprocess
-import sys
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -28,31 +26,12 @@ from typing import Any, Protocol
 from prometheus_client.parser import text_string_to_metric_families
 
 from hsextract.contract import defaults
-from hsextract.errors import ConfigError
+from hsextract.ops.inventory import Target, load_inventory
 
 log = logging.getLogger(__name__)
 
-GROUP = "extraction_containers"
 UNITS = ("hsextract-server", "hsextract-extract")
 COMMAND_TIMEOUT_S = 45.0
-
-
-@dataclass(frozen=True)
-class Target:
-    """One host to look at; ``host`` None means this machine."""
-
-    name: str
-    host: str | None = None
-    user: str | None = None
-    port: int | None = None
-    key_filename: str | None = None
-    become: bool = False
-    server_port: int = defaults.SERVER_PORT
-    metrics_port: int = defaults.METRICS_PORT
-    output_dir: str = "work/output"
-    dump_dir: str = "/dev/shm/hsextract-default"
-    shard_index: int | None = None  # the slice this host extracts (inventory: hsextract.ops.fleet.assign_shards)
-    num_shards: int | None = None
 
 
 @dataclass(frozen=True)
@@ -293,77 +272,6 @@ def gather_all(
     targets = list(targets)
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(targets)))) as pool:
         return list(pool.map(lambda t: _gather_one(t, log_lines, make_runner), targets))
-
-
-# -- the inventory -----------------------------------------------------------------------------------
-def find_ansible_inventory() -> str:
-    """``ansible-inventory`` next to this interpreter, in the repo's .venv-ansible, or on PATH."""
-    candidates = [Path(sys.executable).parent / "ansible-inventory", Path.cwd() / ".venv-ansible/bin/ansible-inventory"]
-    for candidate in candidates:
-        if candidate.is_file():
-            return str(candidate)
-    found = shutil.which("ansible-inventory")
-    if found is None:
-        raise ConfigError(
-            "ansible-inventory not found (next to python, in .venv-ansible/bin or on PATH); install ansible-core "
-            "(scripts/lxc/setup-ansible-venv.sh) or pass --ansible-inventory PATH"
-        )
-    return found
-
-
-def targets_from_inventory_json(data: dict[str, Any], group: str = GROUP) -> list[Target]:
-    hostvars: dict[str, dict[str, Any]] = data.get("_meta", {}).get("hostvars", {})
-
-    def hosts_of(name: str, seen: set[str]) -> list[str]:
-        if name in seen:
-            return []
-        seen.add(name)
-        entry = data.get(name, {})
-        hosts = list(entry.get("hosts", []))
-        for child in entry.get("children", []):
-            hosts += [h for h in hosts_of(child, seen) if h not in hosts]
-        return hosts
-
-    if group not in data:
-        raise ConfigError(f"the inventory has no group {group!r}; put the extraction containers in it")
-    from hsextract.ops.fleet import assign_shards
-
-    hosts = hosts_of(group, set())
-    shards, num_shards = assign_shards(hosts, hostvars)
-    targets = []
-    for name in hosts:
-        hv = hostvars.get(name, {})
-        key = hv.get("ansible_ssh_private_key_file") or hv.get("ansible_private_key_file")
-        targets.append(
-            Target(
-                name=name,
-                host=str(hv.get("ansible_host", name)),
-                user=hv.get("ansible_user"),
-                port=int(hv["ansible_port"]) if hv.get("ansible_port") else None,
-                key_filename=str(Path(key).expanduser()) if key else None,
-                become=bool(hv.get("ansible_become", False)),
-                server_port=int(hv.get("hsx_server_port", defaults.SERVER_PORT)),
-                metrics_port=int(hv.get("hsx_metrics_port", defaults.METRICS_PORT)),
-                output_dir=str(hv.get("hsx_output_dir", "/")),
-                dump_dir=str(hv.get("hsx_dump_dir", "/dev/shm")),
-                shard_index=shards.get(name),
-                num_shards=num_shards,
-            )
-        )
-    if not targets:
-        raise ConfigError(f"group {group!r} of the inventory has no hosts; add the extraction containers to it")
-    return targets
-
-
-def load_inventory(inventory: Path, ansible_inventory: str | None = None) -> list[Target]:
-    """Hosts of group extraction_containers, as ``ansible-inventory -i INVENTORY --list`` resolves them."""
-    if not inventory.exists():
-        raise ConfigError(f"inventory {inventory} does not exist; pass --inventory DIR (e.g. a copy of inventory/example)")
-    command = [ansible_inventory or find_ansible_inventory(), "-i", str(inventory), "--list"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    if done.returncode != 0:
-        raise ConfigError(f"{' '.join(command)} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
-    return targets_from_inventory_json(json.loads(done.stdout))
 
 
 # -- report -----------------------------------------------------------------------------------------

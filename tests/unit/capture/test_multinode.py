@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from hsextract.capture.sglang.config import SGLangLaunchConfig
 from hsextract.capture.sglang.launcher import build_command
 from hsextract.capture.sglang.multinode import multinode_args, parse_dist_init_addr
-from hsextract.config import SGLangLaunchConfig
 from hsextract.errors import ConfigError
 
 KIMI: dict[str, Any] = {

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import yaml
 
-from hsextract.config import ExtractConfig, ServeConfig, SGLangLaunchConfig
+from hsextract.capture.embedded.config import ServeConfig
+from hsextract.capture.sglang.config import SGLangLaunchConfig
 from hsextract.contract import defaults
+from hsextract.extract.config import ExtractConfig
 
 ROLES = Path(__file__).resolve().parents[3] / "roles"
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from hsextract.capture.sglang.config import SGLangLaunchConfig
 from hsextract.capture.sglang.launcher import hook_specs
-from hsextract.config import SGLangLaunchConfig
 from hsextract.contract.server_info import ServerInfo
 from hsextract.errors import ServerError
 

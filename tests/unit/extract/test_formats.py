@@ -11,9 +11,13 @@ from typing import get_args
 import pytest
 import yaml
 
-from hsextract.config import ExtractConfig, add_config_arguments
+from hsextract.config import add_config_arguments
+from hsextract.contract.fp8 import FP8_STORAGE
 from hsextract.contract.sglang_capture import ModelFamily
+from hsextract.dev.format_facts import FACTS_FILE, render
+from hsextract.dev.format_facts import main as format_facts_main
 from hsextract.errors import ConfigError
+from hsextract.extract.config import ExtractConfig
 from hsextract.extract.formats import DEFAULT_FORMAT, FORMAT_NAMES, FORMATS, format_class, open_format
 from hsextract.extract.formats.base import OutputFormat
 from hsextract.extract.serving_hints import sglang_serving
@@ -51,6 +55,28 @@ def test_the_role_argument_spec_and_the_shm_filter_know_the_same_formats() -> No
     spec.loader.exec_module(module)
     assert set(FORMAT_NAMES) == module.FORMATS
     assert {n for n in FORMAT_NAMES if format_class(n).needs_final_prenorm} == module.FORMATS_WITH_PRENORM
+
+
+def test_the_deployment_facts_are_generated_from_the_registry() -> None:
+    """roles/hsx_extractor/vars/formats.yml is what the registry generates, and the role's argument spec agrees."""
+    committed = (REPO / FACTS_FILE).read_text()
+    assert committed == render(), f"{FACTS_FILE} is stale: run python -m hsextract.dev.format_facts"
+    facts = yaml.safe_load(committed)
+    assert tuple(facts["_hsx_extractor_format_names"]) == FORMAT_NAMES
+    formats = facts["_hsx_extractor_formats"]
+    assert formats["speculators"]["final_prenorm"] and not formats["specforge"]["final_prenorm"]
+    assert formats["specforge"]["storages"] == ["auto"]
+    options = yaml.safe_load((REPO / "roles/hsx_extractor/meta/argument_specs.yml").read_text())["argument_specs"]["main"]
+    storages = options["options"]["hsx_extractor_storage"]["choices"]
+    assert storages == facts["_hsx_extractor_format_storages"] == ["auto", FP8_STORAGE]
+    assert format_facts_main(["--check", str(REPO)]) == 0
+
+
+def test_the_fact_check_fails_on_a_stale_file(tmp_path: Path) -> None:
+    (tmp_path / FACTS_FILE).parent.mkdir(parents=True)
+    (tmp_path / FACTS_FILE).write_text(render().replace("final_prenorm: true", "final_prenorm: false"))
+    assert format_facts_main(["--check", str(tmp_path)]) == 1
+    assert format_facts_main([str(tmp_path)]) == 0 and (tmp_path / FACTS_FILE).read_text() == render()
 
 
 def test_trainer_rules_belong_to_the_format() -> None:

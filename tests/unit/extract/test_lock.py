@@ -21,7 +21,8 @@ def test_a_second_holder_is_refused_and_the_lock_is_free_after_release(tmp_path:
     first.release()
     assert not (tmp_path / LOCK_FILE).exists()
     second.acquire()
-    assert second.held
+    with pytest.raises(OutputLockedError):  # the second one holds it now
+        OutputLock(tmp_path).acquire()
     second.release()
 
 

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from hsextract.errors import ConfigError
-from hsextract.ops.fleet import assign_shards, fleet_total, render_total, to_json
-from hsextract.ops.status import HostStatus, Progress, Target, targets_from_inventory_json
+from hsextract.ops.fleet import fleet_total, render_total, to_json
+from hsextract.ops.inventory import Target, assign_shards, targets_from_inventory_json
+from hsextract.ops.status import HostStatus, Progress
 
 
 def test_shards_follow_the_sorted_group_unless_set() -> None:

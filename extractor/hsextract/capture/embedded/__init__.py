@@ -1,6 +1,13 @@
-"""The embedded server: a transformers model behind the subset of SGLang's HTTP API we use."""
+"""The embedded engine: a transformers model that implements the HTTP front's
+:class:`~hsextract.capture.front.protocol.ServedEngine` (served by :class:`~hsextract.capture.front.HttpFront`)."""
+
+from typing import TYPE_CHECKING
 
 from hsextract.capture.embedded.engine import Engine, EngineRequest
-from hsextract.capture.embedded.http import EmbeddedServer
 
-__all__ = ["EmbeddedServer", "Engine", "EngineRequest"]
+if TYPE_CHECKING:
+    from hsextract.capture.front.protocol import ServedEngine
+
+    _implements: type[ServedEngine] = Engine  # mypy checks that the engine implements the front's protocol
+
+__all__ = ["Engine", "EngineRequest"]

@@ -37,9 +37,9 @@ import torch
 from hsextract import __version__
 from hsextract.capture.dump_sink import DumpSink, ExtendBatch, Fp8Rows, Segment
 from hsextract.capture.embedded.batching import padded_tokens, pick_batch
+from hsextract.capture.embedded.config import ServeConfig
 from hsextract.capture.pinned import HostCopier
 from hsextract.capture.stages import StageClock
-from hsextract.config import ServeConfig
 from hsextract.contract.dump_dir import prepare_dump_root
 from hsextract.contract.dumps import DumpSource
 from hsextract.contract.fp8 import quantize_per_token

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hsextract.capture.sglang.config import SGLangLaunchConfig
 from hsextract.capture.sglang.multinode import OWNED_FLAGS as MULTINODE_FLAGS
 from hsextract.capture.sglang.multinode import multinode_args
-from hsextract.config import SGLangLaunchConfig
 from hsextract.contract.hook_config import HOOK_FACTORY, PRENORM_HOOK_FACTORY
 from hsextract.contract.layers import resolve_aux_layer_ids
 from hsextract.contract.model_config import read_model_config

@@ -13,7 +13,7 @@ port. Nodes 1.. serve no HTTP and dump nothing.
 
 from __future__ import annotations
 
-from hsextract.config import SGLangLaunchConfig
+from hsextract.capture.sglang.config import SGLangLaunchConfig
 from hsextract.errors import ConfigError
 
 #: flags this module sets from the config (the launcher refuses them in extra_args)

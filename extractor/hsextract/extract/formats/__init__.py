@@ -3,11 +3,11 @@
 One entry per format, as pip's ``commands_dict``: the name maps to the module and class that own
 everything about the format (file layout, the storage dtypes it can write, its trainer's length and
 layer rules and settings, bytes per token for the disk preflight, its verify and merge hooks). A new
-format is one new module and one line here; ``ExtractConfig.format`` takes its allowed values from
+format is one new module and one line here; ``ExtractConfig.format`` (extract/config.py) takes its allowed values from
 :data:`FORMAT_NAMES`, and ``tests/unit/extract/test_formats.py`` checks the Ansible role's choices
 against it.
 
-The table is import-light (the classes load on first use, torch with them), so ``hsextract.config``
+The table is import-light (the classes load on first use, torch with them), so ``hsextract.extract.config``
 can name the formats without importing the writers.
 """
 

@@ -101,7 +101,12 @@ class OutputFormat(ABC):
     def check_storage(cls, storage: str) -> None:
         """ConfigError, before any work, when the format cannot store (or its trainer cannot read) ``storage``."""
         if storage != AUTO_STORAGE and storage not in cls.storages:
-            raise ConfigError(cls.storage_refusal or f"format {cls.name} stores only the model's dtype; drop --storage")
+            raise ConfigError(cls.storage_refusal_message())
+
+    @classmethod
+    def storage_refusal_message(cls) -> str:
+        """What :meth:`check_storage` says for a storage the format does not write."""
+        return cls.storage_refusal or f"format {cls.name} stores only the model's dtype; drop --storage"
 
     @classmethod
     def stored_dtype_for(cls, computed: str | None, storage: str = AUTO_STORAGE) -> str | None:

@@ -26,15 +26,17 @@ from hsextract.errors import ConfigError
 from hsextract.extract.checksum import HashingWriter, WrittenFile
 from hsextract.extract.dataset import Sample
 from hsextract.extract.formats.base import OutputFormat, StoredSample
-from hsextract.extract.serving_hints import (
-    SPECFORGE_DEFAULT_MAX_LENGTH,
-    SPECFORGE_DTYPE,
-    SPECFORGE_NUM_AUX_LAYERS,
-    SPECFORGE_VERSION,
-    SGLangServing,
-)
+from hsextract.extract.serving_hints import SGLangServing
 
 ROWS_PER_DIR = 2000
+#: the released SpecForge the settings are for (tests/trainers checks them against its code)
+SPECFORGE_VERSION = "0.2.0"
+#: SpecForge ``data.max_length``: a longer sample loses its tail in the offline normalizer
+SPECFORGE_DEFAULT_MAX_LENGTH = 2048
+#: SpecForge's EAGLE-3 draft takes exactly this many aux layers (``resolve_eagle_capture_layers``)
+SPECFORGE_NUM_AUX_LAYERS = 3
+#: the dtype SpecForge's target head and draft run in; its target head fails on any other input
+SPECFORGE_DTYPE = "bfloat16"
 
 
 def _skip_zip_crc() -> None:

@@ -35,18 +35,30 @@ from hsextract.extract.checksum import WrittenFile, file_checksum
 from hsextract.extract.dataset import Sample
 from hsextract.extract.formats import token_freq
 from hsextract.extract.formats.base import OutputFormat, StoredSample
-from hsextract.extract.serving_hints import (
-    SPECULATORS_DEFAULT_TOTAL_SEQ_LEN,
-    SPECULATORS_VERSION,
-    SGLangServing,
-    speculators_args,
-)
+from hsextract.extract.serving_hints import SGLangServing
 
 if TYPE_CHECKING:
     from hsextract.extract.merge_plan import MergePlan
 
 #: the fix for a missing or wrong data/token_freq.pt: the run's finalize writes it from data/
 _REFINALIZE = "rerun the extraction with the same command (it finds the rows done and rewrites data/)"
+
+#: the released speculators the settings are for (tests/trainers checks them against its code)
+SPECULATORS_VERSION = "0.9.0"
+#: speculators ``--total-seq-len``: the packing budget; a longer sample is cut by the collator
+SPECULATORS_DEFAULT_TOTAL_SEQ_LEN = 8192
+#: trainer flags whose values are paths relative to the output directory
+_PATH_FLAGS = ("--data-path", "--hidden-states-path")
+
+
+def speculators_args(trainer: dict[str, Any], output: Path) -> list[str]:
+    """speculators' command-line flags for this output (``trainer`` as ``trainer_settings`` gave it), paths resolved."""
+    args: list[str] = []
+    for flag, value in trainer["flags"].items():
+        if flag in _PATH_FLAGS:
+            value = str(Path(output).resolve() / value)
+        args += [flag, *(map(str, value) if isinstance(value, list) else [str(value)])]
+    return args
 
 
 class SpeculatorsFormat(OutputFormat):

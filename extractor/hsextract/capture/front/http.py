@@ -1,16 +1,17 @@
-"""HTTP front of the embedded server: the routes of :mod:`~hsextract.capture.embedded.asgi` under uvicorn.
+"""The HTTP server of the front: the routes of :mod:`~hsextract.capture.front.asgi` under uvicorn, serving
+any :class:`~hsextract.capture.front.protocol.ServedEngine` (the embedded engine is one).
 
 The same stack as SGLang's own server (an ASGI app under uvicorn, HTTP/1.1 through h11):
 
-- the socket is bound and listening when :class:`EmbeddedServer` is made, so :attr:`~EmbeddedServer.port`
+- the socket is bound and listening when :class:`HttpFront` is made, so :attr:`~HttpFront.port`
   is known at once (port 0 picks a free one) and connections wait in the backlog until
-  :meth:`~EmbeddedServer.serve_forever` runs;
+  :meth:`~HttpFront.serve_forever` runs;
 - keep-alive: an idle connection is closed after :data:`KEEP_ALIVE_S`;
-- request bodies are bounded (:data:`~hsextract.capture.embedded.asgi.MAX_BODY_BYTES`, 413 beyond);
+- request bodies are bounded (:data:`~hsextract.capture.front.asgi.MAX_BODY_BYTES`, 413 beyond);
 - graceful shutdown, on SIGTERM/SIGINT (when serving in the main thread) or
-  :meth:`~EmbeddedServer.shutdown`: no new connections, idle ones closed, open requests get
+  :meth:`~HttpFront.shutdown`: no new connections, idle ones closed, open requests get
   ``grace_s`` (:data:`SHUTDOWN_GRACE_S`) to finish and those still open then answer 503 ("server
-  shutting down"); none is cut off. Then :meth:`~EmbeddedServer.shutdown` stops the engine, which
+  shutting down"); none is cut off. Then :meth:`~HttpFront.shutdown` stops the engine, which
   flushes its dump writers.
 """
 
@@ -27,7 +28,8 @@ from types import FrameType
 
 import uvicorn
 
-from hsextract.capture.embedded.asgi import MAX_BODY_BYTES, Drain, ServedEngine, build_app
+from hsextract.capture.front.asgi import MAX_BODY_BYTES, Drain, build_app
+from hsextract.capture.front.protocol import ServedEngine
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +44,9 @@ LISTEN_BACKLOG = 2048  # an extractor opens --concurrency connections at once
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-class EmbeddedServer:
-    """Serve an engine (:class:`~hsextract.capture.embedded.engine.Engine`) over HTTP, from
+class HttpFront:
+    """Serve an engine (a :class:`~hsextract.capture.front.protocol.ServedEngine`, e.g. the embedded
+    :class:`~hsextract.capture.embedded.engine.Engine`) over HTTP, from
     :meth:`serve_forever` until :meth:`shutdown` or a signal.
 
     Raises :class:`OSError` when ``host:port`` cannot be bound.

@@ -1,4 +1,5 @@
-"""The embedded server's routes as an ASGI app (Starlette): the subset of SGLang's API the extractor uses.
+"""The HTTP front's routes as an ASGI app (Starlette): the subset of SGLang's API the extractor uses,
+served for any :class:`~hsextract.capture.front.protocol.ServedEngine`.
 
 ``POST /generate`` (:class:`~hsextract.contract.generate.GenerateRequest`), ``GET /health`` and
 ``/health_generate`` (200 only when a real forward works, 503 otherwise), ``GET /server_info``
@@ -29,8 +30,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from concurrent.futures import Future
-from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -39,7 +39,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from hsextract.capture.stages import StageClock
+from hsextract.capture.front.protocol import ServedEngine
 from hsextract.contract.generate import (
     GENERATE_PATH,
     HEALTH_GENERATE_PATH,
@@ -63,22 +63,6 @@ GENERATE_TIMEOUT_S = 3600.0
 #: Largest request body accepted. The longest prompt is a JSON list of token ids, at most about
 #: 8 bytes a token (6 digits, comma, space): 64 MiB holds 8 M tokens, 8x a 1 M-token context.
 MAX_BODY_BYTES = 64 * 1024 * 1024
-
-
-class ServedEngine(Protocol):
-    """What the HTTP front needs of :class:`~hsextract.capture.embedded.engine.Engine`."""
-
-    vocab_size: int
-    model_path: Path
-    clock: StageClock  # its registry is what /metrics shows
-
-    def submit(
-        self, rid: str, input_ids: list[int], final_prenorm: bool = False, storage: str | None = None
-    ) -> Future[dict[str, Any]]: ...
-
-    def info_json(self) -> dict[str, Any]: ...
-
-    def shutdown(self) -> None: ...  # after the last answer: stop forwarding, flush the dumps
 
 
 class ShuttingDown(Exception):

@@ -1,0 +1,43 @@
+"""Options of ``hsextract serve`` (:class:`ServeConfig`): the embedded engine's side of the configuration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from hsextract.config import RidPrefix, StrictConfig
+from hsextract.contract import defaults
+from hsextract.contract.layers import DEFAULT_AUX_LAYERS_TEXT
+
+
+class ServeConfig(StrictConfig):
+    """Options of ``hsextract serve`` (the embedded transformers server)."""
+
+    model: Path = Field(description="a transformers save_pretrained directory")
+    dump_dir: Path = Field(description="dump root (put it on tmpfs, e.g. /dev/shm/hsextract)")
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(defaults.SERVER_PORT, ge=1, le=65535, description="port to listen on")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="where the model runs")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="model dtype (auto: the model's)")
+    layer_ids: list[int] | None = Field(
+        None, description=f"aux layer ids, 0-based outputs (default: the {DEFAULT_AUX_LAYERS_TEXT})"
+    )
+    chunked_prefill_size: int = Field(
+        2048, description="prompts longer than this are prefilled in chunks on the KV cache (-1: never)"
+    )
+    max_batch_tokens: int = Field(8192, gt=0, description="token budget of one batched forward (padded)")
+    rid_prefix: RidPrefix = Field(defaults.RID_PREFIX, description="only rids <prefix>-<row>-n<tokens> are dumped")
+    dump_queue_size: int = Field(8, gt=0, description="extend batches waiting for the dump writers before forwards block")
+    dump_writers: int = Field(4, gt=0, le=64, description="threads writing dumps in parallel")
+    batch_window: int = Field(
+        1024, gt=0, description="oldest waiting prompts a batch is chosen from (length-sorted around the oldest)"
+    )
+
+    @field_validator("chunked_prefill_size")
+    @classmethod
+    def _chunk(cls, value: int) -> int:
+        if value != -1 and value < 16:
+            raise ValueError(f"chunked_prefill_size {value} must be -1 (off) or at least 16")
+        return value

@@ -1,0 +1,125 @@
+"""Options of ``hsextract extract`` (:class:`ExtractConfig`): the extractor's side of the configuration.
+
+Each field is a CLI flag and a key of the YAML file given with ``--config`` (:mod:`hsextract.config`
+turns the model into flags and loads the file).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from hsextract.config import RidPrefix, StrictConfig
+from hsextract.contract import defaults
+from hsextract.contract.layers import DEFAULT_AUX_LAYERS_TEXT
+from hsextract.extract.formats import DEFAULT_FORMAT, FORMAT_NAMES
+
+if TYPE_CHECKING:
+    FormatName = str
+else:
+    #: the output formats' names, from their registry (hsextract.extract.formats): one choice per format
+    FormatName = Literal[FORMAT_NAMES]
+
+
+class ExtractConfig(StrictConfig):
+    """Options of ``hsextract extract``."""
+
+    server: str = Field(f"http://127.0.0.1:{defaults.SERVER_PORT}", description="base URL of the SGLang or embedded server")
+    dataset: Path = Field(description="tokenized dataset: .jsonl, .parquet, or a datasets.save_to_disk directory")
+    output: Path = Field(description="output directory (created; a rerun resumes into it)")
+    dump_dir: Path | None = Field(
+        None, description="where the server writes dumps (default: the one the server reports in /server_info)"
+    )
+    format: FormatName = Field(DEFAULT_FORMAT, description="output layout: " + ", ".join(FORMAT_NAMES))
+    storage: Literal["auto", "float8_e4m3fn"] = Field(
+        "auto",
+        description="how the hidden states are stored: auto, the model's dtype (specforge: bfloat16); float8_e4m3fn, FP8 "
+        "with one float32 scale per token as hs-connectors 0.9.0 (speculators format only; train with "
+        "--hidden-states-backend fp8): half the bytes",
+    )
+    layer_ids: list[int] | None = Field(
+        None, description=f"aux layer ids, 0-based outputs (default: the server's, else the {DEFAULT_AUX_LAYERS_TEXT})"
+    )
+    architecture: Literal["auto", "deepseek", "llama", "qwen2"] = Field(
+        "auto",
+        description="model family, for the SGLang draft-config value that serves these layers (auto: from config.json)",
+    )
+    max_seq_len: int = Field(4096, gt=0, description="longer prompts are truncated to this many tokens and counted")
+    concurrency: int = Field(
+        256, gt=0, le=1024, description="requests in flight at once (the server batches among those waiting)"
+    )
+    sort_window: int = Field(
+        2048, gt=0, description="rows read ahead and sent shortest first, so batches carry little padding (1: dataset order)"
+    )
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="serve Prometheus metrics on this port (0 or unset: off)")
+    metrics_host: str = Field(
+        "127.0.0.1", description="address the metrics endpoint binds to (0.0.0.0 to let another host scrape it)"
+    )
+    shard_index: int = Field(0, ge=0, description="this node's slice: rows with row %% num_shards == shard_index")
+    num_shards: int = Field(1, gt=0, description="number of slices the dataset is split into")
+    vocab_size: int | None = Field(None, gt=0, description="override the vocabulary size used to reject bad ids")
+    rid_prefix: RidPrefix = Field(defaults.RID_PREFIX, description="prefix of the request ids the server dumps")
+    shm_high_water: float = Field(
+        0.85, gt=0, le=1, description="stop submitting while the dump filesystem is fuller than this fraction"
+    )
+    shm_wait_timeout_s: float = Field(
+        600.0, gt=0, description="stop the run when the dump filesystem stays that full this long with nothing in flight"
+    )
+    resume_check: Literal["checksum", "size"] = Field(
+        "checksum",
+        description="how a resume checks samples already written: checksum re-reads every file, size only stats it",
+    )
+    request_timeout_s: float = Field(600.0, gt=0, description="HTTP timeout of one /generate request")
+    dump_timeout_s: float = Field(300.0, gt=0, description="how long to wait for a dump after its request returned")
+    answer_grace_s: float = Field(
+        2.0,
+        ge=0,
+        description="once a row's dump is complete, how long its HTTP answer may still take before the row goes on without it",
+    )
+    stall_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="watchdog: when no row settled for this long while requests are open, log them and resend those "
+        "the server has no trace of",
+    )
+    health_timeout_s: float = Field(120.0, ge=0, description="how long to wait for the server's HTTP 200 at start")
+    server_down_timeout_s: float = Field(
+        1800.0,
+        ge=0,
+        description="mid-run, how long to wait for a server that stopped taking connections (a restart: a Kimi-size "
+        "model loads in 15-25 min) before the run stops; no row is failed meanwhile",
+    )
+    max_attempts: int = Field(3, gt=0, description="tries per sample before it is recorded as failed")
+    max_consecutive_failures: int = Field(
+        8, gt=0, description="stop the run after this many samples in a row failed after all their tries"
+    )
+    disk_headroom: float = Field(1.05, ge=1.0, description="required free disk = estimated output bytes x this")
+    expect_model: str | None = Field(None, description="refuse to run unless the server's model path ends with this string")
+    log_interval_s: float = Field(30.0, gt=0, description="seconds between progress log lines when not on a terminal")
+
+    @field_validator("server")
+    @classmethod
+    def _server(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"server {value!r} must start with http:// or https://")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _shards(self) -> ExtractConfig:
+        if self.shard_index >= self.num_shards:
+            raise ValueError(f"shard_index {self.shard_index} must be below num_shards {self.num_shards}")
+        return self
+
+    @model_validator(mode="after")
+    def _storage(self) -> ExtractConfig:
+        # the format owns what it can store; a ConfigError (not a validation error) carries its own fix
+        from hsextract.extract.formats import format_class
+
+        format_class(self.format).check_storage(self.storage)
+        return self
+
+    @property
+    def fp8(self) -> bool:
+        return self.storage != "auto"
