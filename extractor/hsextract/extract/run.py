@@ -275,7 +275,7 @@ class Extraction:
                 # storage); every dump's storage is checked against the output's either way
                 storage=cfg.storage if cfg.fp8 and info.fp8_per_request else None,
             )
-            watchdog = StallWatchdog(open_requests, ledger, self.metrics, cfg.stall_timeout_s)
+            watchdog = StallWatchdog(open_requests, ledger, self.metrics, cfg.stall_timeout_s, down_since=gate.down_since)
             watchdog.start()
             try:
                 self._stream(ledger, worker, info.vocab_size, dump_dir, progress)
