@@ -170,7 +170,10 @@ def build_data_config(
     *,
     output_identity: OutputIdentity | None = None,
     stop_reason: str | None = None,
+    planned_longest: int = 0,
 ) -> DataConfig:
+    """``planned_longest``: the longest sample of the dataset plan (rows not written yet included), so
+    the trainer settings of a run stopped early already fit every sample the output will hold."""
     written = manifest.written.values()
     truncated = [s for s in written if s.truncated]
     errors = list(manifest.errors.values())
@@ -225,7 +228,7 @@ def build_data_config(
             "family": None if serving.family is None else serving.family.value,
         },
         "serving": serving.to_json(),
-        "trainer": fmt.trainer_settings(serving, longest, stored_dtype),
+        "trainer": fmt.trainer_settings(serving, max(longest, planned_longest), stored_dtype),
         "engine": identity.engine,
         "dataset": str(Path(config.dataset).resolve()),
         "dataset_fingerprint": output_identity.dataset.fingerprint if output_identity else None,

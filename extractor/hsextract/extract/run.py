@@ -346,6 +346,7 @@ class Extraction:
             computed_dtype,
             output_identity=identity,
             stop_reason=stop_reason,
+            planned_longest=plan.longest_tokens,
         )
         try:
             write_data_config(cfg.output, data_config)
