@@ -116,6 +116,17 @@ def test_bad_config_stops_before_any_work(model_dir, start_server, tmp_path: Pat
         run_extraction(server.url, dataset, tmp_path / "out", layer_ids=[2, 4, 9])
     with pytest.raises(ConfigError, match="not the expected model"):
         run_extraction(server.url, dataset, tmp_path / "out", expect_model="Kimi-K2.5")
+    # another dump dir than the server's: refused at once, not dump_timeout_s per row
+    other = tmp_path / "other-dumps"
+    other.mkdir(mode=0o700)
+    with pytest.raises(ConfigError) as caught:
+        run_extraction(server.url, dataset, tmp_path / "out", dump_dir=other, dump_timeout_s=1, max_attempts=1)
+    assert f"--dump-dir {other} is not the dump dir the server reports in /server_info ({server.dump_dir})" in str(
+        caught.value
+    )
+    assert "Drop --dump-dir" in str(caught.value)
+    # the server's own dir given explicitly, through another spelling of the same path, is accepted by the check
+    assert run_extraction(server.url, dataset, tmp_path / "out2", dump_dir=server.dump_dir / ".." / server.dump_dir.name)
     assert not (tmp_path / "out").exists()
     assert list(server.dump_dir.iterdir()) == []
 
@@ -137,7 +148,8 @@ def test_cli_config_errors_name_the_input_and_the_fix(tmp_path: Path) -> None:
     result = cli(
         "extract", "--dataset", str(tmp_path / "missing.jsonl"), "--output", str(tmp_path / "o"), "--health-timeout-s", "0"
     )
-    assert result.returncode == 1 and "DatasetError" in result.stderr and "missing.jsonl" in result.stderr
+    # a dataset path that does not exist is a bad configuration: exit 2, the path named
+    assert result.returncode == 2 and "ConfigError" in result.stderr and str(tmp_path / "missing.jsonl") in result.stderr
 
 
 def test_cli_config_file_and_flags_merge(model_dir, start_server, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -95,6 +96,14 @@ def test_exec_runs_the_given_interpreter_and_refuses_a_busy_port(tmp_path: Path)
     assert result.returncode == 0, result.stderr
     recorded = (tmp_path / "argv.txt").read_text()
     assert recorded.startswith("-m sglang.launch_server --model-path /models/Kimi-K2.5")
+    # the dump root is created as the server's DumpSink creates it: mode 0700 (README: untrusted dump directory)
+    assert stat.S_IMODE((tmp_path / "dumps").stat().st_mode) == 0o700
+    # and an existing one others can write is refused before SGLang starts, as the hook would refuse it
+    open_dumps = tmp_path / "open-dumps"
+    open_dumps.mkdir()
+    open_dumps.chmod(0o777)
+    refused = launch(tmp_path, {**config, "dump_dir": str(open_dumps)})
+    assert refused.returncode == 2 and "UnsafeDumpDirError" in refused.stderr and str(open_dumps) in refused.stderr
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", port))
         busy.listen()

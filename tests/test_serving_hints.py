@@ -159,6 +159,43 @@ def test_plan_counts_truncation_against_max_seq_len_and_the_trainers_default(
     assert open_format("specforge", tmp_path / "out").read_sample(2).input_ids.shape == (2500,)
 
 
+def test_an_interrupted_run_hints_the_length_of_the_longest_planned_sample(
+    model_dir, start_server, tmp_path: Path
+) -> None:
+    """Stopped after the short row: the trainer hint already fits the long rows not written yet."""
+    import threading
+    import time
+
+    from hsextract.config import ExtractConfig
+    from hsextract.extract.run import Extraction
+
+    server = start_server(model_dir("llama", "bfloat16"))
+    dataset = rows_of_lengths(tmp_path / "data.jsonl", [40, 2100, 2300, 2300])
+    output = tmp_path / "out"
+    config = ExtractConfig(
+        server=server.url, dataset=dataset, output=output, concurrency=1, sort_window=1, health_timeout_s=30
+    )
+    extraction = Extraction(config)
+
+    def stop_after_the_first_row() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            samples = output / "samples.jsonl"
+            if samples.exists() and samples.read_text().strip():
+                extraction.request_stop("test")
+                return
+            time.sleep(0.005)
+
+    stopper = threading.Thread(target=stop_after_the_first_row)
+    stopper.start()
+    summary = extraction.run()
+    stopper.join()
+    assert summary.status == "interrupted" and summary.total_samples < 4
+    data_config = json.loads((output / "data_config.json").read_text())
+    assert data_config["trainer"]["config"]["data"]["max_length"] == 2300
+    assert not any("max_length=2048" in line for line in summary.hints), summary.hints
+
+
 def test_speculators_flags(model_dir, start_server, tmp_path: Path) -> None:
     server = start_server(model_dir("qwen2"))
     dataset = make_sample_data(tmp_path / "data.jsonl", num=2, vocab_size=1024, seed=6, max_len=60)

@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -44,11 +45,24 @@ def _cmd_make_sample_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """A bind test: a port another process holds is a ConfigError naming it and how to find the holder."""
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; nothing was loaded. Find the process holding it "
+            f"with `fuser {port}/tcp` (or `ss -ltnp 'sport = :{port}'`), stop it, or choose another --port"
+        ) from None
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from hsextract.capture.embedded import Engine
     from hsextract.capture.front import HttpFront
 
     config: ServeConfig = load_config(ServeConfig, args)
+    _check_port_free(config.host, config.port)  # before the model loads (minutes for a large one)
     engine = Engine(config)
     try:
         server = HttpFront(engine, config.host, config.port)

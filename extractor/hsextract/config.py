@@ -15,7 +15,9 @@ names above are still importable from here, lazily, for callers that name them a
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import shlex
 import types
 import typing
 from pathlib import Path
@@ -68,7 +70,10 @@ def _flag_type(annotation: Any) -> tuple[dict[str, Any], str]:
     if origin is Literal:
         return {"choices": list(args)}, ""
     if origin is list:
-        return {"type": _int_list}, "N,N,..."
+        (item,) = typing.get_args(annotation)
+        if item is int:
+            return {"type": _int_list}, "N,N,..."
+        return {"type": _word_list}, "'ARG ...'"
     if annotation is bool:
         return {"action": argparse.BooleanOptionalAction}, ""
     if annotation in (int, float):
@@ -83,13 +88,30 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
 
 
+def _word_list(text: str) -> list[str]:
+    """A list of strings from one shell-quoted flag value: ``--extra-args='--foo 1 --bar'``."""
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a shell-quoted list of words: {exc}") from None
+
+
+def _default_text(field: Any) -> str:
+    """`` (default: ...)`` for the help, unless the field is required or its description already says it."""
+    if field.is_required() or "(default:" in (field.description or ""):
+        return ""
+    default = field.get_default(call_default_factory=True)
+    if isinstance(default, list):
+        default = " ".join(str(item) for item in default) or "none"
+    return f" (default: {default})"
+
+
 def add_config_arguments(parser: argparse.ArgumentParser, model: type[BaseModel], positional: tuple[str, ...] = ()) -> None:
     """One flag per field (positional for ``positional``), defaults left to the model."""
     parser.add_argument("--config", type=Path, help="YAML file with any of these options (flags override it)")
     for name, field in model.model_fields.items():
         kwargs, metavar = _flag_type(field.annotation)
-        default = "" if field.is_required() else f" (default: {field.default})"
-        help_text = (field.description or "") + default
+        help_text = (field.description or "") + _default_text(field)
         if name in positional:
             parser.add_argument(name, nargs="?", default=argparse.SUPPRESS, help=help_text, **kwargs)
             continue
@@ -124,6 +146,12 @@ def load_config(model: type[StrictConfig], args: argparse.Namespace) -> Any:
             flag = "--" + where.replace("_", "-")
             if error["type"] == "missing":
                 problems.append(f"{where} ({flag}) is required; set it")
+            elif error["type"] == "extra_forbidden":
+                # a key no flag has: name the key and where it came from, and the nearest real key
+                origin = config_path if config_path is not None else "the configuration"
+                close = difflib.get_close_matches(where, list(model.model_fields), n=1)
+                hint = f"; did you mean {close[0]}?" if close else f"; valid keys: {', '.join(model.model_fields)}"
+                problems.append(f"unknown key {where!r} in {origin}{hint}")
             else:
                 problems.append(f"{where} ({flag}): {error['msg']} (got {error.get('input')!r})")
         source = f" in {config_path} or on the command line" if config_path else ""

@@ -55,3 +55,47 @@ def test_missing_config_file_names_the_flag(tmp_path: Path) -> None:
 def test_serve_chunk_size() -> None:
     with pytest.raises(ConfigError, match="-1 \\(off\\) or at least 16"):
         parse(ServeConfig, ["--model", "m", "--dump-dir", "d", "--chunked-prefill-size", "8"])
+
+
+def cli_help(capsys: pytest.CaptureFixture[str], command: str) -> str:
+    """The help of one subcommand as the real CLI parser prints it, on one line per option."""
+    from hsextract.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([command, "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_string_list_flags_parse_through_the_cli_parser() -> None:
+    from hsextract.cli import build_parser
+    from hsextract.config import SGLangLaunchConfig
+
+    args = build_parser().parse_args(
+        ["launch-sglang", "--model-path", "/m", "--extra-args=--attention-backend torch_native --disable-cuda-graph"]
+    )
+    config = load_config(SGLangLaunchConfig, args)
+    assert config.extra_args == ["--attention-backend", "torch_native", "--disable-cuda-graph"]
+    # integer lists stay integer lists
+    args = build_parser().parse_args(["launch-sglang", "--model-path", "/m", "--layer-ids", "1,3,5"])
+    assert load_config(SGLangLaunchConfig, args).layer_ids == [1, 3, 5]
+
+
+@pytest.mark.parametrize("command", ["extract", "serve", "launch-sglang"])
+def test_help_states_each_default_once(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    text = cli_help(capsys, command)
+    assert "PydanticUndefined" not in text
+    # one "(default: ...)" per option at most: between two flags, never two defaults
+    for option in text.split(" --")[1:]:
+        assert option.count("(default:") <= 1, option
+    if command == "launch-sglang":
+        assert "refused list (default: none)" in text
+
+
+def test_unknown_key_names_the_file_and_the_nearest_key(tmp_path: Path) -> None:
+    config_file = tmp_path / "c.yml"
+    config_file.write_text("dataset: d\noutput: o\nmax_seq_lenn: 5\n")
+    with pytest.raises(ConfigError) as caught:
+        parse(ExtractConfig, ["--config", str(config_file)])
+    message = str(caught.value)
+    assert f"unknown key 'max_seq_lenn' in {config_file}; did you mean max_seq_len?" in message
+    assert "--max-seq-lenn" not in message

@@ -148,8 +148,9 @@ class ServerClient:
         )
 
     def wait_until_healthy(self, timeout_s: float, stop: threading.Event | None = None) -> None:
-        """Wait for HTTP 200 on /health_generate (a real forward); nothing else counts.
-        Raises KeyboardInterrupt when ``stop`` is set meanwhile."""
+        """Wait for HTTP 200 on /health_generate (a real forward); nothing else counts. A refused
+        connection, 408, 429 and 5xx are a server still starting and waited for; any other answer is
+        :class:`WrongServerError` at once. Raises KeyboardInterrupt when ``stop`` is set meanwhile."""
         stop = stop or threading.Event()
         deadline = time.monotonic() + timeout_s
         last = "no answer yet"
@@ -157,9 +158,16 @@ class ServerClient:
         while True:
             try:
                 response = self._get(HEALTH_GENERATE_PATH, 30.0)
-                if response.status_code == 200:
+                status = response.status_code
+                if status == 200:
                     return
-                last = f"HTTP {response.status_code} {response.text[:200]!r}"
+                if status < 500 and status not in _RETRIED:
+                    # a starting server refuses connections or answers 503; a 404, 401, 3xx... is another
+                    # program on that port (a plain web server, a URL ending in /generate): fail now
+                    raise self._wrong_server(
+                        "GET", HEALTH_GENERATE_PATH, response, "a starting server refuses connections or answers 503"
+                    )
+                last = f"HTTP {status} {response.text[:200]!r}"
             except httpx.HTTPError as exc:
                 last = f"{type(exc).__name__}: {exc}"
             if stop.is_set():

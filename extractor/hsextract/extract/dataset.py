@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hsextract.contract.states import ErrorReason
-from hsextract.errors import BadSampleError, DatasetError
+from hsextract.errors import BadSampleError, ConfigError, DatasetError
 
 
 @dataclass(frozen=True)
@@ -60,21 +60,22 @@ def _record_digest(record: Any) -> str:
 
 
 def dataset_kind(path: Path) -> str:
+    """The dataset's layout; a path that is no dataset is a bad ``--dataset`` (ConfigError, exit 2)."""
     if path.is_dir():
         if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
             return "arrow"
-        raise DatasetError(
+        raise ConfigError(
             f"dataset directory {path} is not a datasets.save_to_disk directory (no dataset_info.json); "
             "pass a .jsonl or .parquet file or such a directory"
         )
     if not path.exists():
-        raise DatasetError(f"dataset {path} does not exist; fix --dataset")
+        raise ConfigError(f"dataset {path} does not exist; fix --dataset")
     suffixes = "".join(path.suffixes[-2:]).lower()
     if suffixes.endswith((".jsonl", ".json", ".ndjson")):
         return "jsonl"
     if suffixes.endswith(".parquet"):
         return "parquet"
-    raise DatasetError(f"dataset {path} has an unknown extension; use .jsonl, .parquet or a save_to_disk directory")
+    raise ConfigError(f"dataset {path} has an unknown extension; use .jsonl, .parquet or a save_to_disk directory")
 
 
 def iter_raw_rows(path: Path) -> Iterator[RawRow]:

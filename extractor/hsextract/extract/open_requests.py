@@ -5,7 +5,8 @@ age of the oldest open row (``hsextract_oldest_open_request_seconds``, which the
 ``HsextractExtractionStalled`` alert reads) and, when no row has settled for ``stall_timeout_s``
 while rows are open, logs which rows are open and for how long and sends again the requests the
 server has no trace of (no dump directory at all): a request lost on its way in is not waited on
-for ``request_timeout_s``.
+for ``request_timeout_s``. While the server is down (the run's :class:`ServerGate` waits for it),
+no row can settle: the watchdog then says that the run waits for the server and resends nothing.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ class StallWatchdog:
         stall_timeout_s: float,
         interval_s: float = 1.0,
         trace: Callable[[Path], bool] = has_trace,
+        down_since: Callable[[], float | None] = lambda: None,
     ) -> None:
         self.requests = requests
         self.ledger = ledger
@@ -117,6 +119,7 @@ class StallWatchdog:
         self.stall_timeout_s = stall_timeout_s
         self.interval_s = interval_s
         self._trace = trace
+        self._down_since = down_since  # ServerGate.down_since: when the outage being waited through began
         self._last_alarm = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -145,6 +148,16 @@ class StallWatchdog:
         if not entries or quiet < self.stall_timeout_s:
             return 0
         self._last_alarm = now
+        down_since = self._down_since()
+        if down_since is not None:  # nothing can settle, and a resend would only meet the refused connection
+            log.warning(
+                "no row settled for %.0f s: the server is down (no connection for %.0f s) and the run is waiting for "
+                "it to come back (--server-down-timeout-s); %d rows wait with it, none is failed or sent again",
+                quiet,
+                now - down_since,
+                len(entries),
+            )
+            return 0
         traced = [(e, self._trace(e.directory)) for e in entries]
         traceless = [e for e, trace in traced if not trace and now - e.opened >= self.stall_timeout_s]
         sent_again = [e for e in traceless if e.request_resend()]

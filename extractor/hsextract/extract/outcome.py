@@ -98,9 +98,16 @@ def _now() -> str:
 
 
 def build_data_config(
-    setup: RunSetup, manifest: Manifest, rows_in_shard: int, status: RunStatus, stop_reason: str | None = None
+    setup: RunSetup,
+    manifest: Manifest,
+    rows_in_shard: int,
+    status: RunStatus,
+    stop_reason: str | None = None,
+    planned_longest: int = 0,
 ) -> DataConfig:
-    """``data_config.json`` of the output as the manifest holds it now (``setup.identity``: the output's identity)."""
+    """``data_config.json`` of the output as the manifest holds it now (``setup.identity``: the output's identity).
+    ``planned_longest``: the longest sample of the dataset plan (rows not written yet included), so the trainer
+    settings of a run stopped early already fit every sample the output will hold."""
     config, identity, aux_layer_ids, fmt, serving = setup.config, setup.server, setup.aux_layer_ids, setup.fmt, setup.serving
     output_identity, computed_dtype = setup.identity, setup.computed_dtype
     written = manifest.written.values()
@@ -157,7 +164,7 @@ def build_data_config(
             "family": None if serving.family is None else serving.family.value,
         },
         "serving": serving.to_json(),
-        "trainer": fmt.trainer_settings(serving, longest, stored_dtype),
+        "trainer": fmt.trainer_settings(serving, max(longest, planned_longest), stored_dtype),
         "engine": identity.engine,
         "dataset": str(Path(config.dataset).resolve()),
         "dataset_fingerprint": output_identity.dataset.fingerprint if output_identity else None,

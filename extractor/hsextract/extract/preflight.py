@@ -4,6 +4,7 @@ and the disk. Nothing is written to the output before all of them pass (the iden
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import threading
 from collections.abc import Callable
@@ -86,9 +87,7 @@ def check_server(
             f"layer_ids {aux} are configured but the server captures {info.layer_ids}; "
             "restart the server with the same layers or drop layer_ids from the extractor config"
         )
-    dump_dir = cfg.dump_dir or (Path(info.dump_dir) if info.dump_dir else None)
-    if dump_dir is None:
-        raise ConfigError("the server does not say where it dumps; set dump_dir (--dump-dir) to its dump root")
+    dump_dir = _dump_dir(cfg.dump_dir, info.dump_dir)
     check_dump_root(dump_dir)
     fmt = open_format(cfg.format, cfg.output)
     if fmt.needs_final_prenorm and info.provides_final_prenorm is False:
@@ -98,6 +97,42 @@ def check_server(
         )
     _check_hook_storage(cfg, info)
     return info, aux, dump_dir, fmt
+
+
+def _dump_dir(configured: Path | None, reported: str | None) -> Path:
+    """The dump root to read: ``--dump-dir`` when it is the server's (or the server names none), else the server's.
+
+    A ``--dump-dir`` that is another directory than the one the server reports would let every row
+    wait ``dump_timeout_s`` for a dump that lands elsewhere: refused before any request. When the
+    server's path does not exist on this machine (a container that mounts the dump tmpfs elsewhere,
+    docker/README.md), the two cannot be compared and ``--dump-dir`` is taken as the same directory.
+    """
+    if configured is None:
+        if not reported:
+            raise ConfigError("the server does not say where it dumps; set dump_dir (--dump-dir) to its dump root")
+        return Path(reported)
+    if not reported:
+        return configured
+    server_side = Path(reported)
+    if server_side.is_dir() and configured.is_dir():
+        same = os.path.samefile(server_side, configured)  # a bind mount or symlinked parent is the same directory
+    elif server_side.exists():
+        same = server_side.resolve() == configured.resolve()
+    else:
+        log.info(
+            "the server reports dump dir %s, which does not exist here: reading its dumps through --dump-dir %s "
+            "(the same tmpfs mounted at another path)",
+            reported,
+            configured,
+        )
+        return configured
+    if not same:
+        raise ConfigError(
+            f"--dump-dir {configured} is not the dump dir the server reports in /server_info ({reported}): every "
+            f"dump would be waited for in the wrong place. Drop --dump-dir (the server's is used), pass --dump-dir "
+            f"{reported}, or restart the server with dump_dir {configured}"
+        )
+    return configured
 
 
 def _check_hook_storage(cfg: ExtractConfig, info: ServerInfo) -> None:

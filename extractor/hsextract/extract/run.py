@@ -213,7 +213,7 @@ class Extraction:
             gate = self._gate = ServerGate(self.client, ledger, self.metrics, cfg.server_down_timeout_s)
             expectation = functools.partial(self._expectation, expect)
             worker = RowWorker(setup, self.client, ledger, self.metrics, expectation, open_requests, gate)
-            watchdog = StallWatchdog(open_requests, ledger, self.metrics, cfg.stall_timeout_s)
+            watchdog = StallWatchdog(open_requests, ledger, self.metrics, cfg.stall_timeout_s, down_since=gate.down_since)
             watchdog.start()
             try:
                 self._stream(ledger, worker, setup, progress)
@@ -262,7 +262,9 @@ class Extraction:
                 status, stop_reason = ledger.outcome()
         if self._identity is not None:  # the first dump may have pinned the dtype since
             setup = replace(setup, identity=self._identity)
-        data_config = build_data_config(setup, manifest, plan.rows_in_shard, status, stop_reason)
+        data_config = build_data_config(
+            setup, manifest, plan.rows_in_shard, status, stop_reason, planned_longest=plan.longest_tokens
+        )
         try:
             write_data_config(cfg.output, data_config)
         except OSError as exc:

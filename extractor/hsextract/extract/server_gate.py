@@ -43,6 +43,11 @@ class ServerGate:
         self._outage: _Outage | None = None
         self.outages = 0  # for the run summary
 
+    def down_since(self) -> float | None:
+        """When (``time.monotonic``) the outage now being waited through began; None while the server is up."""
+        with self._lock:
+            return None if self._outage is None else self._outage.began
+
     def wait_until_back(self, cause: Exception) -> bool:
         """Block until the server answers again; False when the run stops instead (the server stayed
         away for ``timeout_s``, or the run is stopping for another reason)."""

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from prometheus_client.parser import text_string_to_metric_families
 
 from hsextract.contract import defaults
+from hsextract.extract.data_config import DATA_CONFIG_FILE
 from hsextract.ops.inventory import Target, load_inventory
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,7 @@ class Progress:
     elapsed_s: float | None = None  # age of the extractor process
     tokens_per_s: float | None = None
     eta_s: float | None = None
+    outcome: str | None = None  # the status data_config.json records (complete, interrupted...) when read from it
 
 
 @dataclass
@@ -157,6 +159,7 @@ def status_commands(target: Target, log_lines: int) -> dict[str, str]:
         "df": "df -B1 --output=file,target,size,used,avail /dev/shm "
         f"{shlex.quote(target.dump_dir)} {shlex.quote(target.output_dir)}",
         "metrics": _http_get(f"http://127.0.0.1:{target.metrics_port}/metrics", "body"),
+        "data_config": f"cat {shlex.quote(target.output_dir + '/' + DATA_CONFIG_FILE)} 2>/dev/null",
         "elapsed": (
             f"pid=$(fuser -n tcp {target.metrics_port} 2>/dev/null | awk '{{print $1}}'); "
             '[ -n "$pid" ] && ps -o etimes= -p "$pid"'
@@ -221,6 +224,21 @@ def parse_metrics(text: str, elapsed_s: float | None = None) -> Progress:
     return progress
 
 
+def parse_data_config(text: str) -> Progress | None:
+    """The final counts an output's data_config.json records (what a finished run leaves); None if unreadable."""
+    try:
+        config = json.loads(text)
+        written, bad, failed = (int(config[k]) for k in ("total_samples", "bad_input_samples", "failed_samples"))
+        planned, tokens = int(config["rows_in_shard"]), int(config["total_tokens"])
+        outcome, errors = str(config["status"]), {str(k): int(v) for k, v in (config.get("error_counts") or {}).items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    by_status = {"ok": written, "bad_input": bad, "failed": failed}
+    done = outcome == "complete"
+    return Progress(False, None, planned, written + bad + failed, by_status, tokens, tokens, errors, 0, None, None,
+                    0.0 if done else None, outcome)  # fmt: skip
+
+
 def gather(target: Target, runner: Runner, log_lines: int = 0) -> HostStatus:
     """Run the read-only commands on one target through ``runner`` and parse what they print."""
     status = HostStatus(target.name, target.host or "this machine")
@@ -237,6 +255,8 @@ def gather(target: Target, runner: Runner, log_lines: int = 0) -> HostStatus:
             status.metrics_error = str(exc)
     else:
         status.metrics_error = f"no answer on port {target.metrics_port} (the extractor is not running)"
+    if status.progress is None or not status.progress.running:  # finished or stopped: the output says how it ended
+        status.progress = parse_data_config(results["data_config"].stdout) or status.progress
     for purpose, result in results.items():
         if purpose.startswith("log:"):
             status.logs[purpose[4:]] = result.stdout if result.exit_code == 0 else (result.stderr.strip() or result.stdout)
@@ -306,6 +326,8 @@ def render(status: HostStatus, shard: str = "") -> str:
         lines.append(f"  extraction: {status.metrics_error}")
     else:
         state = "running" if p.running else "not running (finished or stopped)"
+        if p.outcome is not None:
+            state = f"not running; its output's {DATA_CONFIG_FILE} says {p.outcome}"
         pct = f"{p.settled / p.planned:.1%}" if p.planned else "-"
         lines.append(f"  extraction: {state}; {p.settled}/{p.planned} samples settled ({pct}), {p.inflight} in flight")
         lines.append("    by status: " + ", ".join(f"{k} {v}" for k, v in sorted(p.by_status.items())))
@@ -314,7 +336,7 @@ def render(status: HostStatus, shard: str = "") -> str:
         )
         if p.errors:
             lines.append("    errors: " + ", ".join(f"{k} {v}" for k, v in sorted(p.errors.items())))
-        if p.eta_s is not None:
+        if p.eta_s is not None and p.outcome is None:
             lines.append(
                 f"    ETA: {duration(p.eta_s)} (average rate since the extractor started {duration(p.elapsed_s or 0)} ago)"
             )

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hsextract.errors import BadSampleError, DatasetError
+from hsextract.errors import BadSampleError, ConfigError
 from hsextract.extract.dataset import dataset_kind, iter_raw_rows, validate_row
 
 
@@ -51,8 +51,11 @@ def test_jsonl_rows_are_line_numbers_and_a_broken_line_is_one_bad_row(tmp_path: 
 
 
 def test_unknown_dataset_names_the_fix(tmp_path: Path) -> None:
-    with pytest.raises(DatasetError, match="does not exist"):
+    # a path that is no dataset is a bad setting (ConfigError: the CLI exits 2), named with the flag to fix
+    with pytest.raises(ConfigError, match=f"dataset {tmp_path / 'missing.jsonl'} does not exist; fix --dataset"):
         dataset_kind(tmp_path / "missing.jsonl")
     (tmp_path / "d.csv").write_text("a\n")
-    with pytest.raises(DatasetError, match="unknown extension"):
+    with pytest.raises(ConfigError, match="unknown extension"):
         dataset_kind(tmp_path / "d.csv")
+    with pytest.raises(ConfigError, match="not a datasets.save_to_disk directory"):
+        dataset_kind(tmp_path)

@@ -113,3 +113,40 @@ def test_only_the_request_that_was_cancelled_is_resent(tmp_path: Path) -> None:
     assert entry.request_resend() and first.done()
     entry.sent(_pending(entry.rid))  # the worker already moved on to another try
     assert not entry.take_resend()
+
+
+def test_a_stall_during_a_server_outage_says_the_run_waits_for_the_server(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import socket
+    import time
+
+    from hsextract.errors import ServerUnreachableError
+    from hsextract.extract.client import ServerClient
+    from hsextract.extract.server_gate import ServerGate
+
+    requests, ledger, _ = _setup(tmp_path)
+    with socket.socket() as probe:  # a port nothing listens on: the server is down
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = ServerClient(f"http://127.0.0.1:{port}")
+    gate = ServerGate(client, ledger, ledger.metrics, timeout_s=60)
+    watchdog = StallWatchdog(requests, ledger, ledger.metrics, 60, down_since=gate.down_since)
+    assert gate.down_since() is None
+    entry = requests.open(7, "hsx-000000007-n3", tmp_path / "missing")  # no trace: would be resent if the server were up
+    waiting = threading.Thread(target=gate.wait_until_back, args=(ServerUnreachableError("refused"),))
+    waiting.start()
+    try:
+        deadline = time.monotonic() + 10
+        while gate.down_since() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert gate.down_since() is not None
+        with caplog.at_level(logging.WARNING, logger="hsextract.extract.open_requests"):
+            assert watchdog.check(now=max(entry.opened, ledger.last_settled) + 61) == 0, "nothing resent during an outage"
+        assert "the server is down" in caplog.text and "waiting for it to come back" in caplog.text
+        assert "sending again" not in caplog.text
+    finally:
+        ledger.stop.set()
+        waiting.join(timeout=15)
+        client.close()
+    assert not waiting.is_alive()

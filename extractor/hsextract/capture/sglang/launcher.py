@@ -24,6 +24,7 @@ from typing import Any
 from hsextract.capture.sglang.config import SGLangLaunchConfig
 from hsextract.capture.sglang.multinode import OWNED_FLAGS as MULTINODE_FLAGS
 from hsextract.capture.sglang.multinode import multinode_args
+from hsextract.contract.dump_dir import prepare_dump_root
 from hsextract.contract.hook_config import HOOK_FACTORY, PRENORM_HOOK_FACTORY
 from hsextract.contract.layers import resolve_aux_layer_ids
 from hsextract.contract.model_config import read_model_config
@@ -245,7 +246,7 @@ def launch(config: SGLangLaunchConfig, dry_run: bool = False) -> int:
     if not os.access(config.python, os.X_OK):
         raise ConfigError(f"python {config.python} does not exist or is not executable; install the ml-env there or fix python")
     check_port_free(config.host, config.port)
-    Path(config.dump_dir).mkdir(parents=True, exist_ok=True)
+    prepare_dump_root(Path(config.dump_dir))  # 0700 and checked, as the hook's DumpSink does it
     log.info("exec %s", shlex.join(argv))
     os.execv(config.python, argv)
     return 0  # not reached
