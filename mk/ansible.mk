@@ -7,7 +7,8 @@
 #   make test-deploy       the real-LXC deployment test (root; builds a container on this machine)
 #   make lint-ansible      ansible-lint (production profile) and --syntax-check
 #
-# HSX_INVENTORY_CONFIGURED is "yes" when the inventory in use holds no CHANGE_ME placeholder:
+# HSX_INVENTORY_CONFIGURED is "yes" when no value of the inventory in use is still the CHANGE_ME placeholder
+# (scripts/inventory-configured.py reads the values: the comments of inventory/example mention CHANGE_ME too):
 # `make extract` runs the extraction through Ansible then, and the embedded default otherwise.
 
 ANSIBLE_VENV ?= .venv-ansible
@@ -16,7 +17,9 @@ INVENTORY ?=
 ANSIBLE_ARGS ?=
 HSX_EXTRACT_WAIT ?= false
 HSX_INVENTORY := $(or $(INVENTORY),$(shell sed -n 's/^inventory *= *//p' ansible.cfg 2>/dev/null))
-HSX_INVENTORY_CONFIGURED := $(if $(HSX_INVENTORY),$(shell test -e "$(HSX_INVENTORY)" && ! grep -rqs CHANGE_ME "$(HSX_INVENTORY)" && echo yes),)
+# a Python with PyYAML: the Ansible venv's, else .venv's, else the system's (the script scans lines without it)
+_HSX_INVENTORY_PYTHON := $(firstword $(wildcard $(ANSIBLE_BIN)/python $(VENV)/bin/python) python3)
+HSX_INVENTORY_CONFIGURED := $(if $(HSX_INVENTORY),$(shell $(_HSX_INVENTORY_PYTHON) scripts/inventory-configured.py "$(HSX_INVENTORY)" 2>/dev/null && echo yes),)
 _ANSIBLE_PLAYBOOK = ANSIBLE_CONFIG=ansible.cfg $(ANSIBLE_BIN)/ansible-playbook $(if $(INVENTORY),-i $(INVENTORY))
 DEPLOY_PYTEST_ARGS ?= -ra
 

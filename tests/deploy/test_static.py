@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import textwrap
 from pathlib import Path
@@ -419,3 +420,33 @@ def test_every_test_a_runbook_names_exists():
         tree = ast.parse((REPO / path).read_text())
         functions = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
         assert test in functions, f"{page_name} names {path}::{test}, which does not exist"
+
+
+def _configured_copy_of_the_example(tmp_path: Path) -> Path:
+    """inventory/example with every CHANGE_ME value filled in, its comments (which mention CHANGE_ME) kept."""
+    inventory = tmp_path / "mysite"
+    shutil.copytree(REPO / "inventory" / "example", inventory)
+    for path in inventory.rglob("*.yml"):
+        text = re.sub(r"^(\s*[\w.]+:\s*)CHANGE_ME\b", r"\g<1>192.0.2.10", path.read_text(), flags=re.M)
+        path.write_text(text.replace("hsx_vmid: 192.0.2.10", "hsx_vmid: 101"))
+    values = {}
+    for path in inventory.rglob("*.yml"):
+        assert "CHANGE_ME" in path.read_text(), f"{path}: the test wants the explanatory comments kept"
+        values[path.name] = yaml.safe_load(path.read_text())
+    assert "CHANGE_ME" not in json.dumps(values), "a value is still CHANGE_ME"
+    return inventory
+
+
+@pytest.mark.parametrize("configured", [True, False], ids=["configured-copy", "example"])
+def test_make_picks_a_configured_inventory_whose_comments_mention_change_me(tmp_path: Path, configured: bool) -> None:
+    """Defect 1 of issue 23: `make extract INVENTORY=inventory/mysite` ran the local demo because the check grepped
+    the comments too. The same variable picks the inventory of make status and make merge."""
+    inventory = _configured_copy_of_the_example(tmp_path) if configured else REPO / "inventory" / "example"
+    database = _make("-pRrq", "-o", ".venv/.setup-done", f"INVENTORY={inventory}")
+    value = re.search(r"^HSX_INVENTORY_CONFIGURED := ?(.*)$", database, re.M)
+    assert value is not None, "mk/ansible.mk no longer sets HSX_INVENTORY_CONFIGURED"
+    assert value.group(1) == ("yes" if configured else ""), value.group(0)
+    # what `make extract` would run: the containers' extraction, or the embedded default
+    dry_run = _make("-n", "-o", ".venv/.setup-done", "extract", f"INVENTORY={inventory}")
+    assert ("playbooks/extract.yml" in dry_run) is configured, dry_run
+    assert ("scripts/run-default.sh" in dry_run) is not configured, dry_run
