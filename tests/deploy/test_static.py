@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .helpers import ANSIBLE_BIN, REPO, ansible_env, run_playbook
+from .helpers import ANSIBLE_BIN, REPO, PlaybookResult, ansible_env, run_playbook
 
 ROLES = sorted(p for p in (REPO / "roles").iterdir() if (p / "tasks" / "main.yml").exists())
 
@@ -136,6 +136,41 @@ def test_placeholders_stop_deploy_with_the_variable_named():
     assert "set ansible_host in your inventory" in result.output or "set hsx_model_path in your inventory" in result.output
 
 
+#: config.json of the models the tests size /dev/shm for: Kimi-K2.5 keeps its text model's sizes in text_config
+KIMI_K25_CONFIG = {"architectures": ["KimiK25ForConditionalGeneration"], "text_config": {"hidden_size": 7168, "num_hidden_layers": 61}}
+LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 32}
+
+
+def _shm_size(tmp_path: Path, settings: dict, model_config: dict | None, via_proxmox_mount: bool = False) -> PlaybookResult:
+    """hsx_shm_size_mb_effective for inventory/example with `settings`, as deploy.yml computes it: the model's
+    config.json read by playbooks/tasks/model-config.yml (in the container, or on the Proxmox host through the bind
+    mount the model lies under), then playbooks/vars/deploy.yml. This machine plays both hosts."""
+    store = tmp_path / "store"
+    (store / "model").mkdir(parents=True)
+    if model_config is not None:
+        (store / "model" / "config.json").write_text(json.dumps(model_config))
+    example = yaml.safe_load((REPO / "inventory/example/group_vars/all.yml").read_text())
+    where = {"hsx_model_path": str(store / "model")}
+    if via_proxmox_mount:  # the container would see the store at /srv/models
+        where = {"hsx_model_path": "/srv/models/model", "hsx_proxmox_lxc_mounts": [{"host": f"{store}/", "path": "/srv/models"}]}
+    (tmp_path / "vars.yml").write_text(yaml.safe_dump({**example, **where, "hsx_proxmox_host": "localhost", **settings}))
+    playbook = tmp_path / "shm.yml"
+    playbook.write_text(
+        textwrap.dedent(f"""\
+        - hosts: localhost
+          gather_facts: false
+          vars_files: [{tmp_path}/vars.yml, {REPO}/playbooks/vars/deploy.yml]
+          tasks:
+            - ansible.builtin.import_tasks: {REPO}/playbooks/tasks/model-config.yml
+              vars:
+                _hsx_model_config_from: {"proxmox" if via_proxmox_mount else "container"}
+            - ansible.builtin.debug:
+                msg: "SHM={{{{ hsx_shm_size_mb_effective }}}}"
+        """)
+    )
+    return run_playbook(str(playbook), None, "-e", "ansible_python_interpreter=" + str(ANSIBLE_BIN / "python"))
+
+
 @pytest.mark.parametrize(
     ("settings", "expected_mb"),
     [
@@ -145,27 +180,31 @@ def test_placeholders_stop_deploy_with_the_variable_named():
         ({"hsx_output_format": "speculators"}, 143360),
         # K from hsx_layer_ids when set: 8 x 4096 x (5 + 1) x 7168 x 4 bytes (float32) x 2.0
         ({"hsx_layer_ids": [1, 2, 3, 4, 5], "hsx_hidden_dtype": "float32", "hsx_concurrency": 8}, 10752),
+        # hsx_hidden_size set: it wins over config.json
         ({"hsx_concurrency": 4, "hsx_max_seq_len": 1024, "hsx_hidden_size": 128}, 1024),
         ({"hsx_shm_size_mb": 20000}, 20000),
     ],
 )
 def test_shm_size_from_the_dump_budget(tmp_path: Path, settings: dict, expected_mb: int):
-    example = yaml.safe_load((REPO / "inventory/example/group_vars/all.yml").read_text())
-    (tmp_path / "vars.yml").write_text(yaml.safe_dump({**example, **settings}))
-    playbook = tmp_path / "shm.yml"
-    playbook.write_text(
-        textwrap.dedent(f"""\
-        - hosts: localhost
-          gather_facts: false
-          vars_files: [{tmp_path}/vars.yml, {REPO}/playbooks/vars/deploy.yml]
-          tasks:
-            - ansible.builtin.debug:
-                msg: "SHM={{{{ hsx_shm_size_mb_effective }}}}"
-        """)
-    )
-    result = run_playbook(str(playbook), None, "-e", "ansible_python_interpreter=" + str(ANSIBLE_BIN / "python"))
+    result = _shm_size(tmp_path, settings, KIMI_K25_CONFIG)
     assert result.rc == 0, result.output
     assert f"SHM={expected_mb}" in result.output
+
+
+@pytest.mark.parametrize("via_proxmox_mount", [False, True], ids=["in-the-container", "on-the-proxmox-host"])
+def test_shm_size_takes_the_hidden_size_from_the_models_config(tmp_path: Path, via_proxmox_mount: bool) -> None:
+    """Defect 12 of issue 23: the inventory's hsx_hidden_size was Kimi's 7168 for every model, and /dev/shm followed it.
+    A Llama-8B-sized model (hidden 4096): 256 x 4096 x (3 + 1) x 4096 x 2 bytes x 2.0 = 64 GiB."""
+    result = _shm_size(tmp_path, {}, LLAMA_CONFIG, via_proxmox_mount)
+    assert result.rc == 0, result.output
+    assert "SHM=65536" in result.output, result.output[-3000:]
+
+
+def test_shm_size_without_a_hidden_size_stops_saying_what_to_set(tmp_path: Path) -> None:
+    result = _shm_size(tmp_path, {}, None)
+    assert result.rc != 0
+    for words in ("hsx_hidden_size is 0", f"{tmp_path}/store/model/config.json", "set hsx_hidden_size in the inventory"):
+        assert words in result.flat, words
 
 
 PVE_CONF = """\
