@@ -137,7 +137,10 @@ def test_placeholders_stop_deploy_with_the_variable_named():
 
 
 #: config.json of the models the tests size /dev/shm for: Kimi-K2.5 keeps its text model's sizes in text_config
-KIMI_K25_CONFIG = {"architectures": ["KimiK25ForConditionalGeneration"], "text_config": {"hidden_size": 7168, "num_hidden_layers": 61}}
+KIMI_K25_CONFIG = {
+    "architectures": ["KimiK25ForConditionalGeneration"],
+    "text_config": {"hidden_size": 7168, "num_hidden_layers": 61},
+}
 LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 32}
 
 
@@ -627,7 +630,8 @@ def test_proxmox_role_refuses_an_existing_container_in_the_other_mode_or_without
     assert (conf_dir / "195.conf").read_text() == before and not pct_log.exists()
 
     # with the mount there, the role only sets its own lines: cores 1 and memory 8192 stay
-    subprocess.run(["sed", "-i", "s|^memory:|mp0: /tank/models,mp=/srv/models,ro=1\\nmemory:|", str(conf_dir / "195.conf")], check=True)
+    conf_file = conf_dir / "195.conf"
+    conf_file.write_text(conf_file.read_text().replace("memory:", "mp0: /tank/models,mp=/srv/models,ro=1\nmemory:"))
     result = run_playbook(str(playbook), inventory)
     assert result.rc == 0, result.output
     conf = (conf_dir / "195.conf").read_text().splitlines()
