@@ -153,7 +153,7 @@ def _shm_size(tmp_path: Path, settings: dict, model_config: dict | None, via_pro
     if model_config is not None:
         (store / "model" / "config.json").write_text(json.dumps(model_config))
     example = yaml.safe_load((REPO / "inventory/example/group_vars/all.yml").read_text())
-    where = {"hsx_model_path": str(store / "model")}
+    where: dict[str, object] = {"hsx_model_path": str(store / "model")}
     if via_proxmox_mount:  # the container would see the store at /srv/models
         where = {"hsx_model_path": "/srv/models/model", "hsx_proxmox_lxc_mounts": [{"host": f"{store}/", "path": "/srv/models"}]}
     (tmp_path / "vars.yml").write_text(yaml.safe_dump({**example, **where, "hsx_proxmox_host": "localhost", **settings}))
