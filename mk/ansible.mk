@@ -1,6 +1,6 @@
 # Deployment with Ansible (included by the top Makefile). See docs/deploy.md.
 #
-#   make deploy            ansible-playbook deploy.yml           (INVENTORY=dir overrides ansible.cfg's)
+#   make deploy            ansible-playbook deploy.yml           (INVENTORY=dir overrides ansible.cfg's; docs/deploy.md)
 #   make restart           ansible-playbook playbooks/restart.yml
 #   make ansible-extract   ansible-playbook playbooks/extract.yml (HSX_EXTRACT_WAIT=true follows it)
 #   make ansible-status    ansible-playbook playbooks/status.yml
@@ -30,7 +30,7 @@ setup-ansible: $(ANSIBLE_VENV)/.setup-done  ## .venv-ansible: ansible-core, ansi
 $(ANSIBLE_VENV)/.setup-done: requirements-ansible.txt scripts/lxc/setup-ansible-venv.sh
 	scripts/lxc/setup-ansible-venv.sh $(ANSIBLE_VENV)
 
-deploy: setup-ansible  ## provision the container(s) and start the server (ansible-playbook deploy.yml)
+deploy: setup-ansible  ## create (pct create, when its VMID does not exist) and configure the container(s), start the server (ansible-playbook deploy.yml)
 	$(_ANSIBLE_PLAYBOOK) deploy.yml $(ANSIBLE_ARGS)
 
 restart: setup-ansible  ## restart the server: reclaim its port, wait for HTTP 200
