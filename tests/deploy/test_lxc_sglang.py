@@ -45,7 +45,8 @@ from .helpers import (
 )
 
 NAME, NET, VMID = "hsx-sglang-test", "10.197.93", 193
-ML_ENV = REPO / ".venv-sglang"
+#: the venv at the path its scripts name (a work tree may link the venv of another checkout)
+ML_ENV = (REPO / ".venv-sglang").resolve()
 STUB = REPO / "tests" / "sglang_live" / "stub"
 #: where the container sees the model and the stand-in sgl_kernel (read-only bind mounts)
 MODEL_IN_CONTAINER = "/srv/models/tiny-llama"
@@ -69,6 +70,15 @@ def _base_python_prefix(venv: Path) -> Path | None:
     return None if str(prefix) in ("/usr", "/usr/local") else prefix
 
 
+def _editable_source(venv: Path) -> Path:
+    """The hsextract source directory the venv's editable install points at (it must be seen at that path too)."""
+    for direct_url in venv.glob("lib/python3*/site-packages/hsextract-*.dist-info/direct_url.json"):
+        url = json.loads(direct_url.read_text()).get("url", "")
+        if url.startswith("file://"):
+            return Path(url.removeprefix("file://"))
+    return REPO / "extractor"
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not (ML_ENV / ".setup-done").exists():
@@ -85,7 +95,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def container(request: pytest.FixtureRequest, model: Path) -> Container:
     _require_host()
-    binds = [str(ML_ENV), str(REPO / "extractor"), f"{STUB}:{STUB_IN_CONTAINER}", f"{model}:{MODEL_IN_CONTAINER}"]
+    binds = [str(ML_ENV), str(_editable_source(ML_ENV)), f"{STUB}:{STUB_IN_CONTAINER}", f"{model}:{MODEL_IN_CONTAINER}"]
     base = _base_python_prefix(ML_ENV)
     if base is not None:
         binds.append(str(base))
