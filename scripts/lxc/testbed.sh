@@ -5,7 +5,12 @@
 #   scripts/lxc/testbed.sh wheelhouse      download (once) the wheels the container's ml-env needs
 #   scripts/lxc/testbed.sh up              create and start the container; prints KEY=VALUE lines, among
 #                                          them HSX_LXC_PCT: a `pct` stand-in (scripts/lxc/pct) for its VMID
-#   scripts/lxc/testbed.sh down            stop and remove it (idempotent; always safe to call)
+#   scripts/lxc/testbed.sh pct-host        a "Proxmox host" with no container yet: a `pct` stand-in whose
+#                                          `pct create` makes real containers from the cached rootfs as its
+#                                          template; prints HSX_PCT (the wrapper), HSX_PCT_CONF_DIR (its
+#                                          /etc/pve/lxc), HSX_PCT_TEMPLATE (the template's volume id), HSX_PCT_LOG
+#   scripts/lxc/testbed.sh down            stop and remove it, and the containers pct-host's stand-in created
+#                                          (idempotent; always safe to call)
 #
 # Environment: HSX_LXC_NAME (container name), HSX_LXC_DIR (its state directory, removed by down),
 # HSX_LXC_NET (first three octets of its /30, e.g. 10.197.77), HSX_LXC_SHM (the container's
@@ -170,7 +175,36 @@ HSX_LXC_PCT_LOG=$DIR/pct.log
 OUT
 }
 
+# A Proxmox host for `pct create` (scripts/lxc/pct): its config dir, its template storage, its containers' state.
+TEMPLATE_NAME=debian-12-hsx-minbase_amd64.tar.gz
+pct_host() {
+  build_rootfs
+  down_quiet
+  mkdir -p "$DIR/bin" "$DIR/pve-lxc" "$DIR/templates" "$DIR/cts"
+  ln -s "$ROOTFS_TAR" "$DIR/templates/$TEMPLATE_NAME"
+  cat >"$DIR/bin/pct" <<PCT
+#!/bin/sh
+HSX_PCT_CONF_DIR=$DIR/pve-lxc HSX_PCT_STATE=$DIR/cts HSX_PCT_TEMPLATE_DIR=$DIR/templates HSX_PCT_LOG=$DIR/pct.log exec $REPO/scripts/lxc/pct "\$@"
+PCT
+  chmod 0755 "$DIR/bin/pct"
+  cat <<OUT
+HSX_PCT=$DIR/bin/pct
+HSX_PCT_CONF_DIR=$DIR/pve-lxc
+HSX_PCT_TEMPLATE=local:vztmpl/$TEMPLATE_NAME
+HSX_PCT_LOG=$DIR/pct.log
+OUT
+}
+
 down_quiet() {
+  local ct vmid
+  for ct in "$DIR"/cts/*/lxc/ct*; do
+    [[ -d $ct ]] || continue
+    vmid=${ct##*/ct}
+    lxc-stop -P "${ct%/*}" -n "ct$vmid" -k >/dev/null 2>&1 || true
+    ip link del "veth${vmid}i0" >/dev/null 2>&1 || true
+    find /sys/fs/cgroup -maxdepth 3 -depth -type d \( -name "lxc.payload.ct$vmid" -o -name "lxc.monitor.ct$vmid" \) \
+      -exec rmdir {} + >/dev/null 2>&1 || true
+  done
   if [[ -d $DIR/lxc/$NAME ]]; then
     lxc-stop -P "$DIR/lxc" -n "$NAME" -k >/dev/null 2>&1 || true
   fi
@@ -187,6 +221,7 @@ case ${1:-} in
   rootfs) build_rootfs ;;
   wheelhouse) build_wheelhouse ;;
   up) up ;;
+  pct-host) pct_host ;;
   down) down_quiet ;;
-  *) echo "usage: $0 rootfs|wheelhouse|up|down" >&2; exit 2 ;;
+  *) echo "usage: $0 rootfs|wheelhouse|up|pct-host|down" >&2; exit 2 ;;
 esac

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import textwrap
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .helpers import ANSIBLE_BIN, REPO, ansible_env, run_playbook
+from .helpers import ANSIBLE_BIN, REPO, PlaybookResult, ansible_env, run_playbook
 
 ROLES = sorted(p for p in (REPO / "roles").iterdir() if (p / "tasks" / "main.yml").exists())
 
@@ -135,6 +136,44 @@ def test_placeholders_stop_deploy_with_the_variable_named():
     assert "set ansible_host in your inventory" in result.output or "set hsx_model_path in your inventory" in result.output
 
 
+#: config.json of the models the tests size /dev/shm for: Kimi-K2.5 keeps its text model's sizes in text_config
+KIMI_K25_CONFIG = {
+    "architectures": ["KimiK25ForConditionalGeneration"],
+    "text_config": {"hidden_size": 7168, "num_hidden_layers": 61},
+}
+LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 32}
+
+
+def _shm_size(tmp_path: Path, settings: dict, model_config: dict | None, via_proxmox_mount: bool = False) -> PlaybookResult:
+    """hsx_shm_size_mb_effective for inventory/example with `settings`, as deploy.yml computes it: the model's
+    config.json read by playbooks/tasks/model-config.yml (in the container, or on the Proxmox host through the bind
+    mount the model lies under), then playbooks/vars/deploy.yml. This machine plays both hosts."""
+    store = tmp_path / "store"
+    (store / "model").mkdir(parents=True)
+    if model_config is not None:
+        (store / "model" / "config.json").write_text(json.dumps(model_config))
+    example = yaml.safe_load((REPO / "inventory/example/group_vars/all.yml").read_text())
+    where: dict[str, object] = {"hsx_model_path": str(store / "model")}
+    if via_proxmox_mount:  # the container would see the store at /srv/models
+        where = {"hsx_model_path": "/srv/models/model", "hsx_proxmox_lxc_mounts": [{"host": f"{store}/", "path": "/srv/models"}]}
+    (tmp_path / "vars.yml").write_text(yaml.safe_dump({**example, **where, "hsx_proxmox_host": "localhost", **settings}))
+    playbook = tmp_path / "shm.yml"
+    playbook.write_text(
+        textwrap.dedent(f"""\
+        - hosts: localhost
+          gather_facts: false
+          vars_files: [{tmp_path}/vars.yml, {REPO}/playbooks/vars/deploy.yml]
+          tasks:
+            - ansible.builtin.import_tasks: {REPO}/playbooks/tasks/model-config.yml
+              vars:
+                _hsx_model_config_from: {"proxmox" if via_proxmox_mount else "container"}
+            - ansible.builtin.debug:
+                msg: "SHM={{{{ hsx_shm_size_mb_effective }}}}"
+        """)
+    )
+    return run_playbook(str(playbook), None, "-e", "ansible_python_interpreter=" + str(ANSIBLE_BIN / "python"))
+
+
 @pytest.mark.parametrize(
     ("settings", "expected_mb"),
     [
@@ -144,27 +183,31 @@ def test_placeholders_stop_deploy_with_the_variable_named():
         ({"hsx_output_format": "speculators"}, 143360),
         # K from hsx_layer_ids when set: 8 x 4096 x (5 + 1) x 7168 x 4 bytes (float32) x 2.0
         ({"hsx_layer_ids": [1, 2, 3, 4, 5], "hsx_hidden_dtype": "float32", "hsx_concurrency": 8}, 10752),
+        # hsx_hidden_size set: it wins over config.json
         ({"hsx_concurrency": 4, "hsx_max_seq_len": 1024, "hsx_hidden_size": 128}, 1024),
         ({"hsx_shm_size_mb": 20000}, 20000),
     ],
 )
 def test_shm_size_from_the_dump_budget(tmp_path: Path, settings: dict, expected_mb: int):
-    example = yaml.safe_load((REPO / "inventory/example/group_vars/all.yml").read_text())
-    (tmp_path / "vars.yml").write_text(yaml.safe_dump({**example, **settings}))
-    playbook = tmp_path / "shm.yml"
-    playbook.write_text(
-        textwrap.dedent(f"""\
-        - hosts: localhost
-          gather_facts: false
-          vars_files: [{tmp_path}/vars.yml, {REPO}/playbooks/vars/deploy.yml]
-          tasks:
-            - ansible.builtin.debug:
-                msg: "SHM={{{{ hsx_shm_size_mb_effective }}}}"
-        """)
-    )
-    result = run_playbook(str(playbook), None, "-e", "ansible_python_interpreter=" + str(ANSIBLE_BIN / "python"))
+    result = _shm_size(tmp_path, settings, KIMI_K25_CONFIG)
     assert result.rc == 0, result.output
     assert f"SHM={expected_mb}" in result.output
+
+
+@pytest.mark.parametrize("via_proxmox_mount", [False, True], ids=["in-the-container", "on-the-proxmox-host"])
+def test_shm_size_takes_the_hidden_size_from_the_models_config(tmp_path: Path, via_proxmox_mount: bool) -> None:
+    """Defect 12 of issue 23: the inventory's hsx_hidden_size was Kimi's 7168 for every model, and /dev/shm followed it.
+    A Llama-8B-sized model (hidden 4096): 256 x 4096 x (3 + 1) x 4096 x 2 bytes x 2.0 = 64 GiB."""
+    result = _shm_size(tmp_path, {}, LLAMA_CONFIG, via_proxmox_mount)
+    assert result.rc == 0, result.output
+    assert "SHM=65536" in result.output, result.output[-3000:]
+
+
+def test_shm_size_without_a_hidden_size_stops_saying_what_to_set(tmp_path: Path) -> None:
+    result = _shm_size(tmp_path, {}, None)
+    assert result.rc != 0
+    for words in ("hsx_hidden_size is 0", f"{tmp_path}/store/model/config.json", "set hsx_hidden_size in the inventory"):
+        assert words in result.flat, words
 
 
 PVE_CONF = """\
@@ -419,3 +462,178 @@ def test_every_test_a_runbook_names_exists():
         tree = ast.parse((REPO / path).read_text())
         functions = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
         assert test in functions, f"{page_name} names {path}::{test}, which does not exist"
+
+
+def _configured_copy_of_the_example(tmp_path: Path) -> Path:
+    """inventory/example with every CHANGE_ME value filled in, its comments (which mention CHANGE_ME) kept."""
+    inventory = tmp_path / "mysite"
+    shutil.copytree(REPO / "inventory" / "example", inventory)
+    for path in inventory.rglob("*.yml"):
+        text = re.sub(r"^(\s*[\w.]+:\s*)CHANGE_ME\b", r"\g<1>192.0.2.10", path.read_text(), flags=re.M)
+        path.write_text(text.replace("hsx_vmid: 192.0.2.10", "hsx_vmid: 101"))
+    values = {}
+    for path in inventory.rglob("*.yml"):
+        assert "CHANGE_ME" in path.read_text(), f"{path}: the test wants the explanatory comments kept"
+        values[path.name] = yaml.safe_load(path.read_text())
+    assert "CHANGE_ME" not in json.dumps(values), "a value is still CHANGE_ME"
+    return inventory
+
+
+@pytest.mark.parametrize("configured", [True, False], ids=["configured-copy", "example"])
+def test_make_picks_a_configured_inventory_whose_comments_mention_change_me(tmp_path: Path, configured: bool) -> None:
+    """Defect 1 of issue 23: `make extract INVENTORY=inventory/mysite` ran the local demo because the check grepped
+    the comments too. The same variable picks the inventory of make status and make merge."""
+    inventory = _configured_copy_of_the_example(tmp_path) if configured else REPO / "inventory" / "example"
+    database = _make("-pRrq", "-o", ".venv/.setup-done", f"INVENTORY={inventory}")
+    value = re.search(r"^HSX_INVENTORY_CONFIGURED := ?(.*)$", database, re.M)
+    assert value is not None, "mk/ansible.mk no longer sets HSX_INVENTORY_CONFIGURED"
+    assert value.group(1) == ("yes" if configured else ""), value.group(0)
+    # what `make extract` would run: the containers' extraction, or the embedded default
+    dry_run = _make("-n", "-o", ".venv/.setup-done", "extract", f"INVENTORY={inventory}")
+    assert ("playbooks/extract.yml" in dry_run) is configured, dry_run
+    assert ("scripts/run-default.sh" in dry_run) is not configured, dry_run
+
+
+def _pct_host(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A scratch Proxmox host for `pct create`: its /etc/pve/lxc, a template, and a pct that is the stand-in
+    scripts/lxc/pct for everything but `start` (recorded only: starting needs LXC, test_lxc_create.py does it)."""
+    conf_dir, template_dir, state = tmp_path / "pve-lxc", tmp_path / "templates", tmp_path / "cts"
+    rootfs = tmp_path / "template-rootfs"
+    for path in (conf_dir, template_dir, state, rootfs / "etc" / "systemd" / "system", rootfs / "root"):
+        path.mkdir(parents=True)
+    (rootfs / "etc" / "os-release").write_text("ID=debian\n")
+    subprocess.run(["tar", "-C", str(rootfs), "-czf", str(template_dir / "debian-12.tar.gz"), "."], check=True)
+    pct_log = tmp_path / "pct.log"
+    pct = tmp_path / "pct"
+    pct.write_text(
+        "#!/bin/sh\n"
+        f'[ "$1" = start ] && {{ echo "$*" >> {pct_log}; exit 0; }}\n'
+        f"HSX_PCT_CONF_DIR={conf_dir} HSX_PCT_STATE={state} HSX_PCT_TEMPLATE_DIR={template_dir} HSX_PCT_LOG={pct_log} "
+        f'exec {REPO}/scripts/lxc/pct "$@"\n'
+    )
+    pct.chmod(0o755)
+    return conf_dir, pct, pct_log
+
+
+def _proxmox_play(tmp_path: Path, pct: Path, conf_dir: Path, **role_vars: object) -> tuple[Path, Path]:
+    python = str(ANSIBLE_BIN / "python")
+    local = {"ansible_connection": "local", "ansible_python_interpreter": python}
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"pve-scratch": local, "hsx-new": local}}}))
+    settings = {
+        "hsx_proxmox_lxc_host": "pve-scratch", "hsx_proxmox_lxc_vmid": 195, "hsx_proxmox_lxc_config_dir": str(conf_dir),
+        "hsx_proxmox_lxc_pct": str(pct), "hsx_proxmox_lxc_shm_size_mb": 256, "hsx_proxmox_lxc_gpu_count": 1,
+        "hsx_proxmox_lxc_device_majors": [195], "hsx_proxmox_lxc_template": "local:vztmpl/debian-12.tar.gz",
+        "hsx_proxmox_lxc_cores": 2, "hsx_proxmox_lxc_memory_mb": 4096, "hsx_proxmox_lxc_rootfs_storage": "local-lvm",
+        "hsx_proxmox_lxc_rootfs_size_gb": 8, "hsx_proxmox_lxc_net0": "name=eth0,bridge=vmbr0,ip=10.197.95.2/30,gw=10.197.95.1",
+        "hsx_proxmox_lxc_features": ["keyctl=1"], "hsx_proxmox_lxc_nesting": True,
+        "hsx_proxmox_lxc_mounts": [{"host": "/tank/models", "path": "/srv/models", "ro": True}],
+        **role_vars,
+    }  # fmt: skip
+    playbook = tmp_path / "create.yml"
+    entry = {"role": str(REPO / "roles" / "hsx_proxmox_lxc"), "vars": settings}
+    playbook.write_text(yaml.safe_dump([{"hosts": "hsx-new", "gather_facts": False, "roles": [entry]}]))
+    return playbook, inventory
+
+
+#: what the role writes for VMID 195: the stand-in's pct create lines (Proxmox's: keys sorted, net0 with hwaddr and
+#: type=veth), then the role's /dev/shm and GPU lines
+CREATED_CONF = """\
+arch: amd64
+cores: 2
+features: keyctl=1,nesting=1
+hostname: hsx-new
+memory: 4096
+mp0: /tank/models,mp=/srv/models,ro=1
+net0: name=eth0,bridge=vmbr0,gw=10.197.95.1,hwaddr=BC:24:11:00:00:C3,ip=10.197.95.2/30,type=veth
+ostype: debian
+rootfs: local-lvm:vm-195-disk-0,size=8G
+swap: 0
+lxc.mount.entry: tmpfs dev/shm tmpfs rw,nosuid,nodev,size=256M,create=dir 0 0
+lxc.cgroup2.devices.allow: c 195:* rwm
+lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file
+lxc.mount.entry: /dev/nvidiactl dev/nvidiactl none bind,optional,create=file
+lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file
+lxc.mount.entry: /dev/nvidia-uvm-tools dev/nvidia-uvm-tools none bind,optional,create=file
+lxc.mount.entry: /dev/nvidia-modeset dev/nvidia-modeset none bind,optional,create=file
+lxc.mount.entry: /dev/nvidia-caps dev/nvidia-caps none bind,optional,create=dir
+"""
+
+
+def test_proxmox_role_creates_a_missing_container_once(tmp_path: Path) -> None:
+    conf_dir, pct, pct_log = _pct_host(tmp_path)
+    playbook, inventory = _proxmox_play(tmp_path, pct, conf_dir)
+    # check mode: says what it would create, creates nothing
+    result = run_playbook(str(playbook), inventory, "--check")
+    assert result.rc == 0, result.output
+    assert "container 195 would be created on pve-scratch" in result.flat
+    assert f"{pct} create 195 local:vztmpl/debian-12.tar.gz --hostname hsx-new --cores 2 --memory 4096" in result.flat
+    assert not (conf_dir / "195.conf").exists() and not pct_log.exists()
+    # real run: pct create, the role's lines into the new config, no reboot (it was stopped), pct start
+    result = run_playbook(str(playbook), inventory)
+    assert result.rc == 0, result.output
+    assert (conf_dir / "195.conf").read_text() == CREATED_CONF
+    calls = [line.split()[0] for line in pct_log.read_text().splitlines()]
+    assert calls == ["create", "status", "start"], calls
+    assert "--mp0 /tank/models\\,mp=/srv/models\\,ro=1" in pct_log.read_text()
+    # the second run: nothing changes, no pct call
+    pct_log.unlink()
+    result = run_playbook(str(playbook), inventory)
+    assert result.rc == 0, result.output
+    assert result.recap()["hsx-new"]["changed"] == 0, result.recap()
+    assert not pct_log.exists(), pct_log.read_text()
+
+
+@pytest.mark.parametrize(
+    ("role_vars", "words"),
+    [
+        ({"hsx_proxmox_lxc_create": False}, ["does not exist on pve-scratch", "hsx_proxmox_lxc_create is false"]),
+        ({"hsx_proxmox_lxc_template": ""}, ["set hsx_proxmox_lxc_template to a template volume", "pveam"]),
+        ({"hsx_proxmox_lxc_memory_mb": 2048}, ["hsx_proxmox_lxc_memory_mb (2048 MiB) cannot hold the 256 MiB of /dev/shm"]),
+    ],
+    ids=["create-off", "no-template", "memory"],
+)
+def test_proxmox_role_refuses_to_create_saying_what_to_set(tmp_path: Path, role_vars: dict, words: list[str]) -> None:
+    conf_dir, pct, pct_log = _pct_host(tmp_path)
+    playbook, inventory = _proxmox_play(tmp_path, pct, conf_dir, **role_vars)
+    result = run_playbook(str(playbook), inventory)
+    assert result.rc != 0
+    for text in words:
+        assert text in result.flat, text
+    assert not pct_log.exists() and not (conf_dir / "195.conf").exists()
+
+
+def test_proxmox_role_refuses_an_existing_container_in_the_other_mode_or_without_a_mount(tmp_path: Path) -> None:
+    """An existing container is not rebuilt: another privilege mode, or a missing bind mount, stops with the fix.
+    Its other creation settings (here cores and memory) are left as they are."""
+    conf_dir, pct, pct_log = _pct_host(tmp_path)
+    subprocess.run(
+        [str(pct), "create", "195", "local:vztmpl/debian-12.tar.gz", "--hostname", "other", "--cores", "1",
+         "--memory", "8192", "--unprivileged", "1", "--net0", "name=eth0,bridge=vmbr0,ip=dhcp"],
+        check=True,
+    )  # fmt: skip
+    before = (conf_dir / "195.conf").read_text()
+    pct_log.unlink()
+    playbook, inventory = _proxmox_play(tmp_path, pct, conf_dir)
+    result = run_playbook(str(playbook), inventory)
+    assert result.rc != 0
+    for words in ("Container 195 (hsx-new) exists and is unprivileged", "hsx_proxmox_lxc_unprivileged is False",
+                  "give hsx_vmid a free VMID"):  # fmt: skip
+        assert words in result.flat, words
+    assert (conf_dir / "195.conf").read_text() == before and not pct_log.exists()
+
+    playbook, inventory = _proxmox_play(tmp_path, pct, conf_dir, hsx_proxmox_lxc_unprivileged=True)
+    result = run_playbook(str(playbook), inventory)
+    assert result.rc != 0
+    for words in ("exists without the bind mount(s) /tank/models,mp=/srv/models,ro=1", "pct set 195 --mpN <value>"):
+        assert words in result.flat, words
+    assert (conf_dir / "195.conf").read_text() == before and not pct_log.exists()
+
+    # with the mount there, the role only sets its own lines: cores 1 and memory 8192 stay
+    conf_file = conf_dir / "195.conf"
+    conf_file.write_text(conf_file.read_text().replace("memory:", "mp0: /tank/models,mp=/srv/models,ro=1\nmemory:"))
+    result = run_playbook(str(playbook), inventory)
+    assert result.rc == 0, result.output
+    conf = (conf_dir / "195.conf").read_text().splitlines()
+    assert {"cores: 1", "memory: 8192", "unprivileged: 1", "features: nesting=1"} <= set(conf), conf
+    assert pct_log.read_text().splitlines() == ["status 195"], "a stopped existing container is neither rebooted nor started"
