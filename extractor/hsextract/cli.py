@@ -28,7 +28,9 @@ EXIT_FATAL, EXIT_CONFIG, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 1, 2, 3, 130
 def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
     from hsextract.dev.tiny_model import make_tiny_model
 
-    path = make_tiny_model(args.dir, args.arch, args.layers, args.hidden, args.vocab_size, args.seed, args.dtype)
+    path = make_tiny_model(
+        args.dir, args.arch, args.layers, args.hidden, args.vocab_size, args.seed, args.dtype, args.chat_family
+    )
     print(f"model written to {path}")
     return 0
 
@@ -226,6 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
     tiny.add_argument(
         "--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16", help="weight dtype (default: bfloat16)"
+    )
+    tiny.add_argument(
+        "--chat-family",
+        choices=["chatml", "llama3", "deepseek_v3", "kimi_k2"],
+        help="the tokenizer's special tokens and chat template shape (default: qwen2 chatml, llama llama3, "
+        "deepseek_v3 kimi_k2)",
     )
     tiny.set_defaults(func=_cmd_make_tiny_model)
 
