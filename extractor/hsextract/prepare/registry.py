@@ -34,12 +34,16 @@ class RegistryTemplate:
     user_header: str
     end_of_turn: str
     system_prompt: str | None
-    parser_type: str = "general"  # "thinking": reasoning_content kept, enable_thinking passed to the template
+    parser_type: str = "general"  # "thinking": ThinkingParser, reasoning_content / name / tool_call_id kept
     ignore_tokens: tuple[str, ...] = ()
+    enable_thinking: bool = False  # a thinking parser passes enable_thinking=True to the template
 
     @property
-    def enable_thinking(self) -> bool:
-        return self.parser_type == "thinking"
+    def render_kwargs(self) -> dict[str, bool]:
+        """What SpecForge's parser passes to apply_chat_template beyond the messages."""
+        if self.parser_type != "thinking":
+            return {}
+        return {"add_special_tokens": False, **({"enable_thinking": True} if self.enable_thinking else {})}
 
     def assistant_pattern(self) -> re.Pattern[str]:
         """GeneralParser's pattern: the assistant header, then the shortest text through the end of turn (or the end)."""
@@ -65,25 +69,25 @@ TEMPLATES: dict[str, RegistryTemplate] = {
         _t("gpt-oss-naive", "<|start|>assistant<|channel|>analysis<|message|>", "<|start|>user<|message|>", "<|end|>",
            None),
         _t("qwen3-thinking", "<|im_start|>assistant\n", "<|im_start|>user\n", "<|im_end|>\n", _HELPFUL,
-           parser_type="thinking"),
+           parser_type="thinking", enable_thinking=True),
         _t("qwen3-instruct", "<|im_start|>assistant\n", "<|im_start|>user\n", "<|im_end|>\n", _HELPFUL,
            ignore_tokens=("<think>\n\n</think>\n\n",)),
         _t("qwen3-next-thinking", "<|im_start|>assistant\n<think>\n", "<|im_start|>user\n", "<|im_end|>\n", _HELPFUL,
-           parser_type="thinking"),
+           parser_type="thinking", enable_thinking=True),
         _t("kimi-k2-thinking", "<|im_assistant|>assistant<|im_middle|>", "<|im_start|>user\n", "<|im_end|>", _HELPFUL,
-           parser_type="thinking"),
+           parser_type="thinking", enable_thinking=True),
         _t("kimi-k2-instruct", "<|im_assistant|>assistant<|im_middle|>", "<|im_start|>user\n", "<|im_end|>", _HELPFUL),
         _t("kimi-k3-thinking", '<|open|>message role="assistant"<|sep|><|open|>think<|sep|>',
            '<|open|>message role="user"<|sep|>', "<|end_of_msg|>", None, parser_type="thinking",
-           ignore_tokens=("<|end_of_msg|>",)),
+           ignore_tokens=("<|end_of_msg|>",)),  # enable_thinking False: its renderer opens the think segment
         _t("deepseek-v3", "<｜Assistant｜>", "<｜User｜>", "<｜end▁of▁sentence｜>", _HELPFUL),
         _t("deepseek-v2", "Assistant: ", "User: ", "<｜end▁of▁sentence｜>", None),
         _t("ling-flash-2.0", "<role>ASSISTANT</role>", "<role>HUMAN</role>", "<|role_end|>", _HELPFUL),
-        _t("deepseek-v32", "<｜Assistant｜>", "<｜User｜>", "<｜end▁of▁sentence｜>", "", parser_type="thinking"),
+        _t("deepseek-v32", "<｜Assistant｜>", "<｜User｜>", "<｜end▁of▁sentence｜>", "", parser_type="thinking", enable_thinking=True),
         _t("gemma", "<start_of_turn>model\n", "<start_of_turn>user\n", "<end_of_turn>\n", _HELPFUL),
         _t("longcat_xml", "<longcat_assistant>", "<longcat_user>", "</longcat_s>", _HELPFUL),
         _t("qwen3.5", "<|im_start|>assistant\n<think>\n", "<|im_start|>user\n", "<|im_end|>\n", "",
-           parser_type="thinking"),
+           parser_type="thinking", enable_thinking=True),
     )
 }
 
@@ -117,9 +121,10 @@ def matching_templates(tokenizer: Any) -> list[str]:
     """The registry entries whose assistant header and end of turn frame the answers of the model's template."""
     names = []
     for template in TEMPLATES.values():
-        kwargs = {"enable_thinking": True} if template.enable_thinking else {}
         try:
-            rendered = tokenizer.apply_chat_template(_PROBE, tokenize=False, add_generation_prompt=False, **kwargs)
+            rendered = tokenizer.apply_chat_template(
+                _PROBE, tokenize=False, add_generation_prompt=False, **template.render_kwargs
+            )
         except Exception:  # noqa: BLE001 - a template that cannot render the probe fits no entry
             continue
         if fits(template, rendered):

@@ -82,7 +82,7 @@ def specforge_messages(turns: list[dict[str, Any]], template: RegistryTemplate) 
         messages.append({"role": "system", "content": template.system_prompt})
     while conversation and conversation[0]["role"] != "user":
         conversation = conversation[1:]
-    keys = _THINKING_KEYS if template.enable_thinking else _GENERAL_KEYS
+    keys = _THINKING_KEYS if template.parser_type == "thinking" else _GENERAL_KEYS
     for j, message in enumerate(conversation):
         if j > 0:
             role, previous = message["role"], conversation[j - 1]["role"]
@@ -102,9 +102,7 @@ class SpecForgeConvention:
         self.template = template
         self.max_seq_len = max_seq_len
         self._pattern = template.assistant_pattern()
-        self._render_kwargs: dict[str, Any] = (
-            {"add_special_tokens": False, "enable_thinking": True} if template.enable_thinking else {}
-        )
+        self._render_kwargs: dict[str, Any] = template.render_kwargs
 
     def _text(self, conversation: Conversation, notes: Counter[str]) -> str:
         messages, cut = specforge_messages(conversation.turns, self.template)
