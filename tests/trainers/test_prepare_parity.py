@@ -57,7 +57,7 @@ CONVERSATIONS: list[dict[str, Any]] = [
     },
     {
         "messages": [
-            {"role": "user", "content": "Grüße aus München! 你好，世界 🙂"},
+            {"role": "user", "content": "Grüße aus München! 你好, 世界 🙂"},
             {"role": "assistant", "content": "Привет! こんにちは — naïve café ∑π≈3.14 🚀"},
             {"role": "user", "content": "مرحبا"},
             {"role": "assistant", "content": "안녕하세요"},

@@ -71,5 +71,5 @@ def test_unknown_kinds_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         open_input(tmp_path / "missing.jsonl")
     (tmp_path / "c.csv").write_text("a,b\n")
-    with pytest.raises(ConfigError, match="unknown kind '.csv'"):
+    with pytest.raises(ConfigError, match=r"unknown kind '\.csv'"):
         open_input(tmp_path / "c.csv")
