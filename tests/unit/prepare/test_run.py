@@ -44,9 +44,8 @@ def test_bad_rows_are_recorded_and_the_run_goes_on(chatml_model: Path, tmp_path:
     with open(source, "a") as handle:
         handle.write("{broken\n")
     out = tmp_path / "out"
-    extra = {"specforge_template": None} if like == "speculators" else {}
     config = PrepareConfig(model=chatml_model, dataset=source, output=out, like=like, progress=False, chunk_rows=3,
-                           **({"specforge_template": "qwen"} if like == "specforge" else extra))
+                           specforge_template="qwen" if like == "specforge" else None)
     summary = run_prepare(config)
     errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
     expected = {i + 1: reason for i, (_, reason) in enumerate(BAD)} | {len(rows): Reason.NOT_JSON}
@@ -127,3 +126,16 @@ def test_not_prefix_stable_template(chatml_model: Path, tmp_path: Path) -> None:
                            chat_template=counting, progress=False)
     with pytest.raises(Exception, match="template not prefix-stable: 1"):
         run_prepare(config)
+
+
+def test_cli_with_a_config_file(chatml_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = _write(tmp_path / "c.jsonl", [GOOD, {"messages": []}])
+    config = tmp_path / "prepare.yaml"
+    config.write_text(f"model: {chatml_model}\ndataset: {source}\nlike: speculators\nmax_seq_len: 512\nprogress: false\n")
+    assert main(["prepare", "--config", str(config), "--output", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "COMPLETE: " in out and "input rows 2: rows out 1 from 1 conversations; dropped 1 (empty conversation 1)" in out
+    assert main(["prepare", "--config", str(config), "--output", str(tmp_path / "out")]) == 0
+    assert "ALREADY COMPLETE" in capsys.readouterr().out
+    assert main(["prepare", "--config", str(config), "--output", str(tmp_path / "o2"), "--specforge-template", "qwen"]) == 2
+    assert "applies to --like specforge only" in capsys.readouterr().err
