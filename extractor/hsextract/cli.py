@@ -32,14 +32,20 @@ EXIT_FATAL, EXIT_CONFIG, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 1, 2, 3, 130
 def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
     from hsextract.dev.tiny_model import make_tiny_model
 
-    path = make_tiny_model(args.dir, args.arch, args.layers, args.hidden, args.vocab_size, args.seed, args.dtype)
+    path = make_tiny_model(
+        args.dir, args.arch, args.layers, args.hidden, args.vocab_size, args.seed, args.dtype, args.chat_family
+    )
     print(f"model written to {path}")
     return 0
 
 
 def _cmd_make_sample_data(args: argparse.Namespace) -> int:
-    from hsextract.dev.sample_data import make_sample_data
+    from hsextract.dev.sample_data import make_sample_conversations, make_sample_data
 
+    if args.conversations:
+        path = make_sample_conversations(args.file, args.num, args.seed, args.conversations)
+        print(f"{args.num} {args.conversations} conversations written to {path} (tokenize them with hsextract prepare)")
+        return 0
     path = make_sample_data(args.file, args.num, args.vocab_size, args.seed)
     print(f"{args.num} rows written to {path}")
     return 0
@@ -129,6 +135,28 @@ def _cmd_extract(args: argparse.Namespace) -> int:
     if summary.status is RunStatus.INCOMPLETE:
         print("some rows failed (see errors.jsonl, kind 'failed'); rerun the same command to retry them", file=sys.stderr)
         return EXIT_INCOMPLETE
+    return 0
+
+
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    from hsextract.prepare.config import PrepareConfig
+    from hsextract.prepare.run import run_prepare
+
+    config: PrepareConfig = load_config(PrepareConfig, args)
+    summary = run_prepare(config)
+    counts = summary.counts
+    state = "ALREADY COMPLETE" if summary.already_complete else "COMPLETE"
+    template = f", SpecForge template {summary.specforge_template}" if summary.specforge_template else ""
+    dropped = ", ".join(f"{reason} {n}" for reason, n in counts.get("dropped", {}).items()) or "none"
+    print(
+        f"\n{state}: {summary.output} (like {summary.like}{template})\n"
+        f"  input rows {counts.get('rows_in')}: rows out {counts.get('rows_out')} from {counts.get('conversations_used')} "
+        f"conversations; dropped {counts.get('dropped_total')} ({dropped})\n"
+        f"  {counts.get('tokens')} tokens, {counts.get('supervised_tokens')} supervised; "
+        f"{counts.get('truncated')} rows truncated to max_seq_len {config.max_seq_len}\n"
+        f"  took {summary.seconds:.1f} s; details in {summary.output}/prepare.json and errors.jsonl\n"
+        f"  next: hsextract extract --dataset {summary.output} --format {summary.like} ..."
+    )
     return 0
 
 
@@ -245,13 +273,27 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument(
         "--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16", help="weight dtype (default: bfloat16)"
     )
+    from hsextract.dev.tokenizer import FAMILIES as CHAT_FAMILIES
+
+    tiny.add_argument(
+        "--chat-family",
+        choices=list(CHAT_FAMILIES),
+        help="the tokenizer's special tokens and chat template shape (default: qwen2 chatml, llama llama3, "
+        "deepseek_v3 kimi_k2)",
+    )
     tiny.set_defaults(func=_cmd_make_tiny_model)
 
-    data = sub.add_parser("make-sample-data", help="write a sample tokenized JSONL dataset")
+    data = sub.add_parser("make-sample-data", help="write a sample tokenized JSONL dataset (or conversations)")
     data.add_argument("file", type=Path, help="output .jsonl file")
     data.add_argument("--num", type=int, default=64, help="rows (default: 64)")
     data.add_argument("--vocab-size", type=int, default=4096, help="ids are drawn below this (default: 4096)")
     data.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    data.add_argument(
+        "--conversations",
+        choices=["sharegpt", "messages"],
+        help="write conversations instead (ShareGPT from/value or OpenAI role/content; multi-turn, unicode, some with "
+        "a system prompt), the input of hsextract prepare",
+    )
     data.set_defaults(func=_cmd_make_sample_data)
 
     serve = sub.add_parser("serve", help="run the embedded transformers server (SGLang's HTTP subset)")
@@ -261,6 +303,19 @@ def build_parser() -> argparse.ArgumentParser:
     extract = sub.add_parser("extract", help="extract hidden states from a running server into an output directory")
     add_config_arguments(extract, ExtractConfig)
     extract.set_defaults(func=_cmd_extract)
+
+    from hsextract.prepare.config import PrepareConfig
+
+    prepare = sub.add_parser(
+        "prepare",
+        help="tokenize conversations into a trainer's rows (input_ids, loss_mask) as its own preprocessing does",
+        description="Tokenize ShareGPT or messages conversations with the model's own tokenizer and chat template, "
+        "as SpecForge 0.2.0 (one row per conversation) or speculators 0.9.0 (one row per assistant turn) does; write "
+        "a save_to_disk directory with prepare.json (provenance, counts) and errors.jsonl. Resumable: rerun the same "
+        "command after an interruption. See docs/data.md.",
+    )
+    add_config_arguments(prepare, PrepareConfig)
+    prepare.set_defaults(func=_cmd_prepare)
 
     launcher = sub.add_parser(
         "launch-sglang",

@@ -76,9 +76,13 @@ def make_tiny_model(
     vocab_size: int = 4096,
     seed: int = 0,
     dtype: str = "bfloat16",
+    chat_family: str | None = None,
 ) -> Path:
-    """Write a ``save_pretrained`` directory with random weights; returns its path."""
+    """Write a ``save_pretrained`` directory with random weights and a tokenizer of the same vocabulary
+    (``chat_family``'s special tokens and chat template; default: the architecture's family); returns its path."""
     import transformers
+
+    from hsextract.dev.tokenizer import DEFAULT_FAMILY, write_tokenizer
 
     if dtype not in DTYPES:
         raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
@@ -96,5 +100,6 @@ def make_tiny_model(
     directory.mkdir(parents=True, exist_ok=True)
     model.config.dtype = dtype  # recorded as the model's serving dtype
     model.save_pretrained(str(directory))
+    write_tokenizer(directory, chat_family or DEFAULT_FAMILY.get(arch, "chatml"), vocab_size, seed)
     log.info("wrote a %s model (%d layers, hidden %d, %s) to %s", arch, layers, hidden, dtype, directory)
     return directory
