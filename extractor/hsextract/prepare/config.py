@@ -7,14 +7,14 @@ from typing import Literal
 
 from pydantic import Field
 
-from hsextract.config import _Strict
+from hsextract.config import StrictConfig
 
 #: the trainers whose tokenization prepare reproduces
 CONVENTIONS = ("specforge", "speculators")
 Like = Literal["specforge", "speculators"]
 
 
-class PrepareConfig(_Strict):
+class PrepareConfig(StrictConfig):
     """Options of ``hsextract prepare``."""
 
     model: Path = Field(description="model directory: its tokenizer and chat template tokenize the conversations")
