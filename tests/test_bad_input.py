@@ -39,6 +39,9 @@ def test_each_bad_row_is_recorded_and_skipped(model_dir, start_server, tmp_path:
     config = json.loads((tmp_path / "out" / "data_config.json").read_text())
     assert config["total_samples"] == 2 and config["bad_input_samples"] == 10
     assert config["truncated_samples"] == 1 and config["truncated_tokens"] == 200
+    # GOOD has a loss_mask, the long row none: taken with every token supervised, and said so
+    assert config["samples_without_loss_mask"] == 1
+    assert config["loss_mask_source"] == "mixed: 1 of 2 samples had no loss_mask in the dataset (all ones there)"
     assert config["error_counts"]["input_ids_not_integer"] == 2
     assert httpx.get(server.url + "/health_generate").status_code == 200
 

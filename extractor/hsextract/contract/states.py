@@ -60,6 +60,7 @@ class ErrorReason(_StrEnum):
     LOSS_MASK_NOT_INTEGER = "loss_mask_not_integer"
     LOSS_MASK_LENGTH = "loss_mask_length"
     LOSS_MASK_NOT_BINARY = "loss_mask_not_binary"
+    MISSING_LOSS_MASK = "missing_loss_mask"  # only with --require-loss-mask
     ROW_OUT_OF_RANGE = "row_out_of_range"
     EMPTY = "empty"
     SERVER_REJECTED = "server_rejected"  # the server's HTTP 400 for this prompt

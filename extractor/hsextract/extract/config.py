@@ -47,6 +47,11 @@ class ExtractConfig(StrictConfig):
         description="model family, for the SGLang draft-config value that serves these layers (auto: from config.json)",
     )
     max_seq_len: int = Field(4096, gt=0, description="longer prompts are truncated to this many tokens and counted")
+    require_loss_mask: bool = Field(
+        False,
+        description="a row without loss_mask is bad input (by default it is taken with every token supervised, "
+        "prompts included, and counted)",
+    )
     concurrency: int = Field(
         256, gt=0, le=1024, description="requests in flight at once (the server batches among those waiting)"
     )

@@ -22,6 +22,15 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+def loss_mask_source(without: int, total: int) -> str:
+    """``loss_mask_source``: the dataset's masks, all ones (no row had one), or which share had none."""
+    if without == 0:
+        return "the dataset's loss_mask"
+    if without == total:
+        return "all ones: the dataset had none"
+    return f"mixed: {without} of {total} samples had no loss_mask in the dataset (all ones there)"
+
+
 class ModelRecord(_Record):
     """``data_config.json`` ``model``: the model the states came from."""
 
@@ -62,6 +71,10 @@ class DataConfig(_Record):
     total_bytes: int = 0
     truncated_samples: int = 0
     truncated_tokens: int = 0
+    #: samples whose dataset row had no loss_mask (trained on every token, prompts included)
+    samples_without_loss_mask: int = 0
+    #: where the loss masks came from (:func:`loss_mask_source`)
+    loss_mask_source: str | None = None
     longest_sample_tokens: int = 0
     bad_input_samples: int = 0
     failed_samples: int = 0
@@ -80,6 +93,8 @@ class DataConfig(_Record):
     engine: str | None = None
     dataset: str | None = None
     dataset_fingerprint: str | None = None
+    #: a dataset made by ``hsextract prepare``: its prepare.json settings and counts (tokenizer, template, --like)
+    dataset_preparation: dict[str, Any] | None = None
     extractor_version: str | None = None
     created_at: str | None = None
     updated_at: str | None = None

@@ -29,6 +29,8 @@ class Sample:
     input_ids: list[int]
     loss_mask: list[int]
     original_length: int  # before truncation
+    #: False: the row had no loss_mask, so every token is supervised (prompts included)
+    loss_mask_given: bool = True
 
     @property
     def truncated(self) -> bool:
@@ -190,8 +192,9 @@ def _as_int_list(values: Any, row: int, name: str) -> list[int]:
     return out
 
 
-def validate_row(row: int, raw: Any, vocab_size: int, max_seq_len: int) -> Sample:
-    """Turn a raw row into a Sample (truncated to ``max_seq_len``) or raise BadSampleError."""
+def validate_row(row: int, raw: Any, vocab_size: int, max_seq_len: int, require_loss_mask: bool = False) -> Sample:
+    """Turn a raw row into a Sample (truncated to ``max_seq_len``) or raise BadSampleError. A row without
+    ``loss_mask`` supervises every token, unless ``require_loss_mask`` makes it bad input."""
     if isinstance(raw, BadSampleError):
         raise raw
     if not isinstance(raw, dict):
@@ -199,7 +202,9 @@ def validate_row(row: int, raw: Any, vocab_size: int, max_seq_len: int) -> Sampl
             ErrorReason.NOT_OBJECT, f"row {row}: expected a JSON object with input_ids, got {type(raw).__name__}"
         )
     if raw.get("input_ids") is None:
-        raise BadSampleError(ErrorReason.MISSING_INPUT_IDS, f"row {row}: no input_ids field; tokenize the dataset first")
+        raise BadSampleError(
+            ErrorReason.MISSING_INPUT_IDS, f"row {row}: no input_ids field; tokenize the dataset first (hsextract prepare)"
+        )
     ids = _as_int_list(raw["input_ids"], row, "input_ids")
     if not ids:
         raise BadSampleError(ErrorReason.EMPTY_INPUT_IDS, f"row {row}: input_ids is empty")
@@ -214,6 +219,11 @@ def validate_row(row: int, raw: Any, vocab_size: int, max_seq_len: int) -> Sampl
         )
     mask_raw = raw.get("loss_mask")
     if mask_raw is None:
+        if require_loss_mask:
+            raise BadSampleError(
+                ErrorReason.MISSING_LOSS_MASK,
+                f"row {row}: no loss_mask (--require-loss-mask); tokenize with hsextract prepare for assistant-only masks",
+            )
         mask = [1] * len(ids)
     else:
         mask = _as_int_list(mask_raw, row, "loss_mask")
@@ -224,4 +234,10 @@ def validate_row(row: int, raw: Any, vocab_size: int, max_seq_len: int) -> Sampl
             )
         if any(v not in (0, 1) for v in mask):
             raise BadSampleError(ErrorReason.LOSS_MASK_NOT_BINARY, f"row {row}: loss_mask holds values other than 0 and 1")
-    return Sample(row=row, input_ids=ids[:max_seq_len], loss_mask=mask[:max_seq_len], original_length=len(ids))
+    return Sample(
+        row=row,
+        input_ids=ids[:max_seq_len],
+        loss_mask=mask[:max_seq_len],
+        original_length=len(ids),
+        loss_mask_given=mask_raw is not None,
+    )

@@ -10,7 +10,8 @@ checkpoint stops the run at its first dump.
 What must be equal: the model (its fingerprint, ``contract/model_fingerprint.py``, so a moved or
 renamed copy is the same model and another checkpoint is not; the path where no fingerprint is
 known), the aux layer ids, the number of layers, the format, ``max_seq_len``, the hidden size, the
-dtype the server computes and the one the files store, and the shard. The dataset may change at
+dtype the server computes and the one the files store, the shard, and for a dataset ``hsextract prepare``
+made, how it was tokenized (tokenizer, chat template, ``--like``: ``preparation``). The dataset may change at
 its path: its fingerprint then differs, and the per-row content hashes in ``samples.jsonl`` and
 ``errors.jsonl`` decide which rows are redone. Another dataset (other path and other content) is
 refused.
@@ -66,6 +67,8 @@ class OutputIdentity:
     created_at: str = ""
     identity_version: int = IDENTITY_VERSION
     stored_dtype: str | None = None  # what the sample files hold (a format may convert: specforge stores bfloat16)
+    #: how ``hsextract prepare`` tokenized the dataset (:func:`preparation_identity`); None: not a prepared dataset
+    preparation: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,6 +89,18 @@ class OutputIdentity:
                 f"{where} is not an output identity of this hsextract ({exc}); if the file was edited or damaged, "
                 "restore it, or start a new --output"
             ) from None
+
+
+#: the prepare.json settings that decide the token ids and masks: another value is another dataset
+PREPARATION_KEYS = ("like", "specforge_template", "tokenizer_fingerprint", "chat_template_sha256", "max_seq_len")
+
+
+def preparation_identity(provenance: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The part of a prepared dataset's ``prepare.json`` an output's identity pins."""
+    if provenance is None:
+        return None
+    settings = provenance.get("settings", {})
+    return {key: settings.get(key) for key in PREPARATION_KEYS}
 
 
 def read_identity(output: Path) -> OutputIdentity | None:
@@ -196,6 +211,12 @@ def reconcile_identity(
         (recorded.shard_index, recorded.num_shards),
         (current.shard_index, current.num_shards),
         f"pass --shard-index {recorded.shard_index} --num-shards {recorded.num_shards}",
+    )
+    differs(
+        "dataset preparation",
+        recorded.preparation,
+        current.preparation,
+        "pass the dataset prepared as the output's was (same tokenizer, chat template and --like), or use a new --output",
     )
     same_dataset_content = (
         recorded.dataset.fingerprint is not None and recorded.dataset.fingerprint == current.dataset.fingerprint

@@ -13,6 +13,7 @@ import logging
 import shutil
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 from hsextract.contract.atomic import is_disk_full
@@ -91,7 +92,25 @@ class Ledger:
             return RunStatus.INTERRUPTED, f"interrupted ({self.interrupted_by}); rerun the same command to resume"
         if self.failed_now:
             return RunStatus.INCOMPLETE, None
+        unusable = self._no_usable_row()
+        if unusable is not None:
+            return RunStatus.STOPPED, unusable
         return RunStatus.COMPLETE, None
+
+    def _no_usable_row(self) -> str | None:
+        """Why the run must not end COMPLETE: every row of the shard was bad input, nothing was written."""
+        if self.manifest.written:
+            return None
+        bad = [e for e in self.manifest.errors.values() if e.kind == ErrorKind.BAD_INPUT]
+        if not bad:
+            return None
+        reason, count = Counter(e.reason for e in bad).most_common(1)[0]
+        example = next(e for e in bad if e.reason == reason)
+        return (
+            f"no row of the dataset is usable: all {len(bad)} rows were recorded as bad input in errors.jsonl, {count} of "
+            f"them {reason} (e.g. {example.message}). Fix the dataset (conversations must be tokenized first: "
+            "hsextract prepare), then rerun"
+        )
 
     def fatal_text(self) -> str | None:
         return None if self.fatal is None else f"{type(self.fatal).__name__}: {self.fatal}"
@@ -106,6 +125,7 @@ class Ledger:
             written.bytes,
             checksum=written.checksum,
             row_hash=row_hash,
+            loss_mask_given=sample.loss_mask_given,
         )
         if not self._append(functools.partial(self.manifest.add_written, record)):
             return
@@ -120,6 +140,8 @@ class Ledger:
         self.metrics.request_seconds.observe(seconds)
         if sample.truncated:
             self.metrics.truncated.inc()
+        if not sample.loss_mask_given:
+            self.metrics.without_loss_mask.inc()
 
     def bad_input(self, row: int, row_hash: str, exc: BadSampleError) -> None:
         log.warning("skipping bad row %d: %s", row, exc)

@@ -42,6 +42,7 @@ class WrittenSample:
     bytes: int
     checksum: str | None = None  # "xxh3-128:<hex>" of the file (checksum.py); None in outputs of older versions
     row_hash: str | None = None  # content hash of the dataset row (dataset.iter_rows)
+    loss_mask_given: bool = True  # False: the row had no loss_mask, every token was supervised
 
     @property
     def truncated(self) -> bool:

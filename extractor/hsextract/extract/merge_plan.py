@@ -18,7 +18,7 @@ from typing import Any
 from hsextract.contract.fp8 import FP8_STORAGE
 from hsextract.contract.states import ErrorKind, RunStatus
 from hsextract.errors import MergeError
-from hsextract.extract.data_config import DataConfig
+from hsextract.extract.data_config import DataConfig, loss_mask_source
 
 #: data_config.json keys (dotted: nested) every shard must hold the same value for
 AGREEING_KEYS = (
@@ -44,6 +44,7 @@ AGREEING_WHEN_PRESENT = (
     "model.family",
     "computed_dtype",
     "serving",
+    "dataset_preparation",
 )
 #: data_config.json totals that the merged output sums
 SUMMED_TOTALS = (
@@ -52,6 +53,7 @@ SUMMED_TOTALS = (
     "total_bytes",
     "truncated_samples",
     "truncated_tokens",
+    "samples_without_loss_mask",
     "bad_input_samples",
     "failed_samples",
     "rows_in_shard",
@@ -255,6 +257,7 @@ def merged_data_config(plan: MergePlan, provenance: list[dict[str, Any]], merged
     for shard in plan.shards:
         counts.update(shard.config.error_counts)
     base["error_counts"] = dict(sorted(counts.items()))
+    base["loss_mask_source"] = loss_mask_source(base["samples_without_loss_mask"], base["total_samples"])
     base.update(
         {
             "shard_index": 0,

@@ -30,6 +30,11 @@ class ExtractMetrics:
         )
         self.tokens = Counter("hsextract_tokens", "Tokens written to the output", registry=r)
         self.truncated = Counter("hsextract_truncated_samples", "Samples truncated to max_seq_len", registry=r)
+        self.without_loss_mask = Counter(
+            "hsextract_samples_without_loss_mask",
+            "Samples written from rows without loss_mask (every token supervised, prompts included)",
+            registry=r,
+        )
         self.errors = Counter("hsextract_errors", "Errors by reason (bad input, dump checks, server)", ["reason"], registry=r)
         self.retries = Counter("hsextract_retries", "Requests retried", registry=r)
         self.shm_used = Gauge("hsextract_shm_used_bytes", "Bytes used on the dump filesystem", registry=r)

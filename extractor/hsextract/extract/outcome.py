@@ -13,7 +13,7 @@ from typing import Any
 from hsextract import __version__
 from hsextract.contract.layers import capture_indices, recorded_layer_ids
 from hsextract.contract.states import ErrorKind, RunStatus
-from hsextract.extract.data_config import DATA_FORMAT_VERSION, DataConfig, previous_data_config
+from hsextract.extract.data_config import DATA_FORMAT_VERSION, DataConfig, loss_mask_source, previous_data_config
 from hsextract.extract.formats import format_class
 from hsextract.extract.ledger import Ledger
 from hsextract.extract.manifest import Manifest
@@ -115,6 +115,7 @@ def build_data_config(
     errors = list(manifest.errors.values())
     previous = previous_data_config(config.output)
     longest = max((s.num_tokens for s in written), default=0)
+    without_mask = sum(1 for s in written if not s.loss_mask_given)
     stored_dtype = fmt.stored_dtype_for(computed_dtype, config.storage)
     quantization = fmt.quantization(stored_dtype)
     conversion = None
@@ -148,6 +149,8 @@ def build_data_config(
         "total_bytes": sum(s.bytes for s in written),
         "truncated_samples": len(truncated),
         "truncated_tokens": sum(s.original_length - s.num_tokens for s in truncated),
+        "samples_without_loss_mask": without_mask,
+        "loss_mask_source": loss_mask_source(without_mask, len(manifest.written)),
         "longest_sample_tokens": longest,
         "bad_input_samples": sum(1 for e in errors if e.kind is ErrorKind.BAD_INPUT),
         "failed_samples": sum(1 for e in errors if e.kind is ErrorKind.FAILED),
@@ -168,6 +171,7 @@ def build_data_config(
         "engine": identity.engine,
         "dataset": str(Path(config.dataset).resolve()),
         "dataset_fingerprint": output_identity.dataset.fingerprint if output_identity else None,
+        "dataset_preparation": setup.dataset_preparation,
         "extractor_version": __version__,
         "created_at": created_at,
         "updated_at": _now(),

@@ -27,6 +27,7 @@ from hsextract.extract.client import ServerClient
 from hsextract.extract.config import ExtractConfig
 from hsextract.extract.data_config import read_data_config
 from hsextract.extract.dataset import dataset_kind
+from hsextract.extract.dataset_shape import check_shape
 from hsextract.extract.formats import FORMATS, format_class, open_format
 from hsextract.extract.formats.base import OutputFormat
 from hsextract.extract.identity import (
@@ -35,6 +36,7 @@ from hsextract.extract.identity import (
     ModelIdentity,
     OutputIdentity,
     identity_from_data_config,
+    preparation_identity,
     read_identity,
     reconcile_identity,
     write_identity,
@@ -45,6 +47,7 @@ from hsextract.extract.plan import Plan
 from hsextract.extract.scan import DatasetScan
 from hsextract.extract.serving_hints import SGLangServing, sglang_serving
 from hsextract.extract.setup import RunSetup
+from hsextract.prepare.provenance import read_provenance
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +56,9 @@ def prepare(cfg: ExtractConfig, client: ServerClient, metrics: ExtractMetrics, s
     """Every check that needs only the server: the run's :class:`RunSetup` (without its identity yet)."""
     info, aux, dump_dir, fmt = check_server(cfg, client, metrics, stop)
     serving = serving_and_trainer_guards(cfg, info, aux, fmt)
-    return RunSetup(cfg, info, aux, dump_dir, fmt, serving)
+    provenance = read_provenance(cfg.dataset) if cfg.dataset.is_dir() else None
+    preparation = None if provenance is None else provenance.to_json()
+    return RunSetup(cfg, info, aux, dump_dir, fmt, serving, dataset_preparation=preparation)
 
 
 def check_server(
@@ -61,6 +66,7 @@ def check_server(
 ) -> tuple[ServerInfo, list[int], Path, OutputFormat]:
     """The server answers, serves what the config asks for, and dumps where the extractor can read."""
     dataset_kind(cfg.dataset)  # raises DatasetError with the fix
+    check_shape(cfg.dataset, cfg.require_loss_mask)  # conversations, not token ids: refused before any request
     if cfg.output.exists() and not cfg.output.is_dir():
         raise ConfigError(f"output {cfg.output} exists and is not a directory; choose another --output")
     client.wait_until_healthy(cfg.health_timeout_s, stop)
@@ -204,6 +210,7 @@ def establish_identity(setup: RunSetup, scan: DatasetScan) -> OutputIdentity:
         shard_index=cfg.shard_index,
         num_shards=cfg.num_shards,
         dataset=DatasetIdentity(str(scan.path), scan.fingerprint, scan.total_rows),
+        preparation=preparation_identity(setup.dataset_preparation),
     )
     recorded = read_identity(cfg.output)
     _refuse_mixed_storage(cfg, recorded, current.stored_dtype)

@@ -282,7 +282,7 @@ class Extraction:
     def _valid_samples(self, rows: dict[int, WrittenSample], vocab_size: int) -> Iterator[Sample]:
         for row, raw in self._shard_rows():
             if row in rows:
-                yield validate_row(row, raw, vocab_size, self.config.max_seq_len)
+                yield validate_row(row, raw, vocab_size, self.config.max_seq_len, self.config.require_loss_mask)
 
     @staticmethod
     def _remove_unlisted(fmt: OutputFormat, manifest: Manifest) -> int:
@@ -317,7 +317,7 @@ class Extraction:
                     if manifest.is_settled(row, digest):
                         continue
                     try:
-                        sample = validate_row(row, raw, vocab_size, cfg.max_seq_len)
+                        sample = validate_row(row, raw, vocab_size, cfg.max_seq_len, cfg.require_loss_mask)
                     except BadSampleError as exc:
                         ledger.bad_input(row, digest, exc)
                         progress.advance()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hsextract.contract.layers import capture_indices
 from hsextract.extract.dump_checks import DumpExpectation
@@ -35,6 +35,8 @@ class RunSetup:
     serving: SGLangServing
     #: the output's identity once recorded (``identity.json``); None before
     identity: OutputIdentity | None = None
+    #: a dataset ``hsextract prepare`` made: its ``prepare.json`` (settings and counts); None otherwise
+    dataset_preparation: dict[str, Any] | None = None
 
     @property
     def vocab_size(self) -> int:
