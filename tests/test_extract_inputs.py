@@ -24,7 +24,8 @@ def test_a_dataset_with_no_usable_row_stops_with_a_failure(model_dir, start_serv
     dataset = tmp_path / "empty-rows.jsonl"
     dataset.write_text('{"input_ids": []}\n{"input_ids": [1, -5]}\n{"input_ids": []}\n')
     output = tmp_path / "out"
-    code = main(["extract", "--server", server.url, "--dataset", str(dataset), "--output", str(output), "--health-timeout-s", "30"])
+    args = ["extract", "--server", server.url, "--dataset", str(dataset), "--output", str(output)]
+    code = main([*args, "--health-timeout-s", "30"])
     captured = capsys.readouterr()
     assert code == 1, captured.err
     config = json.loads((output / "data_config.json").read_text())
