@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The embedded default end to end: tiny DeepSeek-V3-architecture model, sample data, embedded
-# server, extraction, verification. Rerunning resumes into the same output.
+# The embedded default end to end: tiny DeepSeek-V3-architecture model (with its tokenizer and a Kimi-K2-shaped
+# chat template), sample conversations, prepare (SpecForge's rows), embedded server, extraction, verification.
+# Rerunning resumes into the same output (prepare and extract skip what is done).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -11,7 +12,11 @@ DUMP_DIR=${HSX_DUMP_DIR:-/dev/shm/hsextract-default}
 mkdir -p "$WORK"
 
 [[ -f $WORK/model/config.json ]] || "$BIN/hsextract" make-tiny-model "$WORK/model"
-[[ -f $WORK/data.jsonl ]] || "$BIN/hsextract" make-sample-data "$WORK/data.jsonl" --num 64
+[[ -f $WORK/conversations.jsonl ]] || "$BIN/hsextract" make-sample-data "$WORK/conversations.jsonl" --num 64 --conversations sharegpt
+
+echo "== prepare: conversations -> SpecForge 0.2.0's rows (input_ids, loss_mask) =="
+"$BIN/hsextract" prepare --model "$WORK/model" --dataset "$WORK/conversations.jsonl" --output "$WORK/prepared" \
+  --like specforge --specforge-template kimi-k2-instruct
 
 if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then
   echo "error: port $PORT is already in use; stop what holds it (fuser -k $PORT/tcp) or set HSX_PORT" >&2
@@ -24,7 +29,8 @@ SERVER_PID=$!
 stop_server() { kill "$SERVER_PID" 2>/dev/null && wait "$SERVER_PID" 2>/dev/null || true; }
 trap stop_server EXIT
 
-"$BIN/hsextract" extract --server "http://127.0.0.1:$PORT" --dataset "$WORK/data.jsonl" \
+echo "== extract: the prepared rows -> hidden states =="
+"$BIN/hsextract" extract --server "http://127.0.0.1:$PORT" --dataset "$WORK/prepared" \
   --output "$WORK/output" --metrics-port "$METRICS_PORT" --health-timeout-s 180
 "$BIN/hsextract" verify "$WORK/output"
 echo
