@@ -57,5 +57,5 @@ def test_unknown_dataset_names_the_fix(tmp_path: Path) -> None:
     (tmp_path / "d.csv").write_text("a\n")
     with pytest.raises(ConfigError, match="unknown extension"):
         dataset_kind(tmp_path / "d.csv")
-    with pytest.raises(ConfigError, match="not a datasets.save_to_disk directory"):
+    with pytest.raises(ConfigError, match=r"not a datasets\.save_to_disk directory"):
         dataset_kind(tmp_path)
