@@ -121,9 +121,7 @@ def test_bad_config_stops_before_any_work(model_dir, start_server, tmp_path: Pat
     other.mkdir(mode=0o700)
     with pytest.raises(ConfigError) as caught:
         run_extraction(server.url, dataset, tmp_path / "out", dump_dir=other, dump_timeout_s=1, max_attempts=1)
-    assert f"--dump-dir {other} is not the dump dir the server reports in /server_info ({server.dump_dir})" in str(
-        caught.value
-    )
+    assert f"--dump-dir {other} is not the dump dir the server reports in /server_info ({server.dump_dir})" in str(caught.value)
     assert "Drop --dump-dir" in str(caught.value)
     # the server's own dir given explicitly, through another spelling of the same path, is accepted by the check
     assert run_extraction(server.url, dataset, tmp_path / "out2", dump_dir=server.dump_dir / ".." / server.dump_dir.name)

@@ -159,9 +159,7 @@ def test_plan_counts_truncation_against_max_seq_len_and_the_trainers_default(
     assert open_format("specforge", tmp_path / "out").read_sample(2).input_ids.shape == (2500,)
 
 
-def test_an_interrupted_run_hints_the_length_of_the_longest_planned_sample(
-    model_dir, start_server, tmp_path: Path
-) -> None:
+def test_an_interrupted_run_hints_the_length_of_the_longest_planned_sample(model_dir, start_server, tmp_path: Path) -> None:
     """Stopped after the short row: the trainer hint already fits the long rows not written yet."""
     import threading
     import time
@@ -172,9 +170,7 @@ def test_an_interrupted_run_hints_the_length_of_the_longest_planned_sample(
     server = start_server(model_dir("llama", "bfloat16"))
     dataset = rows_of_lengths(tmp_path / "data.jsonl", [40, 2100, 2300, 2300])
     output = tmp_path / "out"
-    config = ExtractConfig(
-        server=server.url, dataset=dataset, output=output, concurrency=1, sort_window=1, health_timeout_s=30
-    )
+    config = ExtractConfig(server=server.url, dataset=dataset, output=output, concurrency=1, sort_window=1, health_timeout_s=30)
     extraction = Extraction(config)
 
     def stop_after_the_first_row() -> None:

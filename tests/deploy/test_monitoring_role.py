@@ -230,3 +230,22 @@ def test_deploy_has_a_monitoring_play_and_the_example_group_is_empty():
     assert [r["role"] for r in plays[-1]["roles"]] == ["hsx_monitoring"]
     groups = yaml.safe_load((REPO / "inventory/example/hosts.yml").read_text())["all"]["children"]
     assert not (groups["monitoring"] or {}).get("hosts")
+
+
+def test_an_embedded_server_is_scraped_under_its_own_job_not_sglang(scratch: dict[str, Path], promtool: str) -> None:
+    """hsextract serve answers /metrics (its capture stages): under job sglang it would show SGLang up with
+    empty SGLang panels, so it has its own job, hsextract_server."""
+    inventory = yaml.safe_load(scratch["inventory"].read_text())
+    hosts = inventory["all"]["children"]["extraction_containers"]["hosts"]
+    hosts["hsx-b"] = {**hosts["hsx-b"], "hsx_server_runtime": "embedded"}
+    scratch["inventory"].write_text(yaml.safe_dump(inventory))
+    result = run_playbook(str(scratch["playbook"]), scratch["inventory"])
+    assert result.rc == 0, result.output
+    config = scratch["config"] / "prometheus.yml"
+    check = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    jobs = {job["job_name"]: job for job in yaml.safe_load(config.read_text())["scrape_configs"]}
+    assert list(jobs) == ["hsextract", "sglang", "hsextract_server"]
+    targets = {job: [t for sc in jobs[job]["static_configs"] for t in sc["targets"]] for job in jobs}
+    assert targets["sglang"] == ["10.0.3.10:30000"] and targets["hsextract_server"] == ["[fd00::11]:30001"]
+    assert jobs["hsextract_server"]["static_configs"][0]["labels"] == {"container": "hsx-b", "shard": "1"}
