@@ -10,7 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
+
+from hsextract.capture.sglang.config import SGLangLaunchConfig
+from hsextract.capture.sglang.launcher import build_command
+from hsextract.errors import ConfigError
 
 KIMI = {
     "python": "/opt/ml-env/bin/python",
@@ -109,3 +114,37 @@ def test_exec_runs_the_given_interpreter_and_refuses_a_busy_port(tmp_path: Path)
         busy.listen()
         result = launch(tmp_path, config)
     assert result.returncode == 2 and f"fuser -k {port}/tcp" in result.stderr
+
+
+def test_generate_profile_keeps_the_radix_cache_and_has_no_hook(tmp_path: Path, model_dir) -> None:
+    model = model_dir("llama")
+    config = SGLangLaunchConfig(profile="generate", model_path=str(model), python="/opt/ml-env/bin/python")
+    argv = build_command(config)
+    for flag in ("--disable-radix-cache", "--forward-hooks", "--enable-return-aux-hidden-states",
+                 "--speculative-algorithm", "--disable-prefill-cuda-graph"):  # fmt: skip
+        assert flag not in argv, flag
+    assert argv[argv.index("--model-path") + 1] == str(model)
+    assert "--disable-radix-cache" in build_command(config.model_copy(update={"disable_radix_cache": True}))
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"layer_ids": [1, 2, 3]}, "layer_ids is set with profile generate"),
+        ({"final_prenorm": True}, "final_prenorm is set with profile generate"),
+        ({"storage": "float8_e4m3fn"}, "storage is set with profile generate"),
+        ({"extra_args": ["--forward-hooks=[]"]}, "profile generate dumps nothing"),
+        ({"extra_args": ["--disable-radix-cache"]}, "use the config key disable_radix_cache"),
+    ],
+)
+def test_generate_profile_refuses_what_only_extraction_uses(model_dir, override: dict[str, object], message: str) -> None:
+    settings: dict[str, object] = {"profile": "generate", "model_path": str(model_dir("llama")), **override}
+    with pytest.raises(ConfigError, match=message):
+        build_command(SGLangLaunchConfig(**settings))  # type: ignore[arg-type]
+
+
+def test_extract_profile_still_refuses_the_radix_cache(model_dir) -> None:
+    config = SGLangLaunchConfig(model_path=str(model_dir("llama")), disable_radix_cache=False)
+    with pytest.raises(ConfigError, match="disable_radix_cache is false"):
+        build_command(config)
+    assert "--disable-radix-cache" in build_command(config.model_copy(update={"disable_radix_cache": None}))

@@ -94,3 +94,13 @@ def test_kimi_default_layers_are_the_ecosystem_default() -> None:
 def test_data_losing_settings_are_refused(override: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         build_command(SGLangLaunchConfig(**{**KIMI, **override}))
+
+
+def test_the_generate_profile_parses_with_sglang_and_keeps_the_radix_cache() -> None:
+    generation = {k: v for k, v in KIMI.items() if k != "layer_ids"}
+    argv = build_command(SGLangLaunchConfig(**generation, profile="generate"))
+    assert validate_with_sglang(argv) is True
+    args = parsed(argv)
+    assert args.disable_radix_cache is False and args.enable_return_aux_hidden_states is False
+    assert not args.forward_hooks and args.speculative_algorithm is None
+    assert args.disable_prefill_cuda_graph is False and args.tp_size == 8

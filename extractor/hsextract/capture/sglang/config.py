@@ -16,6 +16,11 @@ from hsextract.contract.layers import DEFAULT_AUX_LAYERS_TEXT
 class SGLangLaunchConfig(StrictConfig):
     """Options of ``hsextract launch-sglang`` (the YAML the Ansible role renders)."""
 
+    profile: Literal["extract", "generate"] = Field(
+        "extract",
+        description="extract: the dump hook, aux capture, radix cache off (hidden-state extraction); generate: a plain "
+        "generation server for hsextract regenerate (radix cache kept, no hook, no aux capture; dump settings refused)",
+    )
     python: str = Field(defaults.ML_ENV_PYTHON, description="absolute path of the ml-env interpreter that has sglang")
     model_path: str = Field(description="model directory as the server sees it")
     architecture: Literal["auto", "deepseek", "llama", "qwen2"] = Field(
@@ -29,7 +34,11 @@ class SGLangLaunchConfig(StrictConfig):
     port: int = Field(defaults.SERVER_PORT, ge=1, le=65535, description="port the server listens on")
     mem_fraction_static: float | None = Field(None, gt=0, lt=1, description="SGLang's static memory fraction")
     chunked_prefill_size: int = Field(8192, description="tokens per extend pass (-1: no chunking); the hook assembles chunks")
-    disable_radix_cache: bool = Field(True, description="must stay true: a cached prefix is never recomputed nor dumped")
+    disable_radix_cache: bool | None = Field(
+        None,
+        description="unset: the profile's (extract: true, and it must stay true: a cached prefix is never recomputed nor "
+        "dumped; generate: false, a shared prefix is computed once)",
+    )
     dump_dir: str = Field(defaults.DUMP_DIR, description="dump root (tmpfs) the extractor reads")
     rid_prefix: RidPrefix = Field(defaults.RID_PREFIX, description="only rids <prefix>-<row>-n<tokens> are dumped")
     layer_ids: list[int] | None = Field(

@@ -6,6 +6,10 @@ recomputed, so its rows would never be dumped), aux hidden-state capture for the
 the dump hook, prefill CUDA graphs off (hooks do not run on graph replay), the chunked prefill
 size, and, when ``disable_custom_all_reduce`` is set (LXC containers), NCCL-only all-reduce.
 Settings that would corrupt or lose data are refused before anything starts.
+
+``profile: generate`` builds a plain generation server for ``hsextract regenerate`` instead: the radix
+cache kept (regeneration sends each conversation's growing history, whose prefix it computes once), no
+hook, no aux capture, prefill CUDA graphs allowed; the extraction-only settings are refused there.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ _OWNED_FLAGS = {
     "--return-aux-hidden-state-layer-ids": "layer_ids",
     "--enable-return-aux-hidden-states": "(set by the launcher)",
     "--speculative-algorithm": "(set by the launcher)",
-    "--disable-radix-cache": "(always set)",
+    "--disable-radix-cache": "disable_radix_cache",
     "--mem-fraction-static": "mem_fraction_static",
     "--dp-size": "dp_size",
     "--disable-custom-all-reduce": "disable_custom_all_reduce",
@@ -158,9 +162,68 @@ def hook_specs(config: SGLangLaunchConfig, aux_layer_ids: list[int]) -> list[dic
     return specs
 
 
+#: settings only an extraction server uses: a generation server refuses them rather than ignore them
+_EXTRACT_ONLY = {
+    "layer_ids": "aux layers are captured only by the extract profile",
+    "final_prenorm": "the pre-norm dump is the extract profile's",
+    "storage": "dump storage is the extract profile's",
+}
+#: flags a generation server refuses in extra_args: each would capture or dump what nobody reads
+_GENERATE_REFUSED = ("--forward-hooks", "--enable-return-aux-hidden-states", "--return-aux-hidden-state-layer-ids")
+
+
 def build_command(config: SGLangLaunchConfig) -> list[str]:
     """The full argv; raises ConfigError for any setting that would corrupt or lose data."""
-    if not config.disable_radix_cache:
+    if config.profile == "generate":
+        return _generate_command(config)
+    return _extract_command(config)
+
+
+def _common_args(config: SGLangLaunchConfig) -> list[str]:
+    argv = [
+        config.python, "-m", "sglang.launch_server",
+        "--model-path", config.model_path,
+        "--tp-size", str(config.tp_size),
+        "--host", config.host,
+        "--port", str(config.port),
+    ]  # fmt: skip
+    return argv
+
+
+def _tail_args(config: SGLangLaunchConfig) -> list[str]:
+    argv: list[str] = []
+    if config.mem_fraction_static is not None:
+        argv += ["--mem-fraction-static", str(config.mem_fraction_static)]
+    if config.dp_size > 1:
+        argv += ["--dp-size", str(config.dp_size)]
+    if config.enable_dp_attention:
+        argv.append("--enable-dp-attention")
+    if config.disable_custom_all_reduce:
+        argv.append("--disable-custom-all-reduce")
+    if config.enable_metrics:
+        argv.append("--enable-metrics")
+    if config.trust_remote_code:
+        argv.append("--trust-remote-code")
+    return argv + list(config.extra_args)
+
+
+def _generate_command(config: SGLangLaunchConfig) -> list[str]:
+    """A generation server (``hsextract regenerate``): no hook, no aux capture, the radix cache kept unless asked off."""
+    for name, why in _EXTRACT_ONLY.items():
+        if getattr(config, name) not in (None, False):
+            raise ConfigError(f"{name} is set with profile generate, which dumps nothing: {why}; unset it or use profile extract")
+    for arg in config.extra_args:
+        if arg.split("=", 1)[0] in _GENERATE_REFUSED:
+            raise ConfigError(f"extra_args {arg!r} refused: profile generate dumps nothing; use profile extract for that")
+    _check_extra_args(config.extra_args)
+    argv = [*_common_args(config), "--chunked-prefill-size", str(config.chunked_prefill_size)]
+    if config.disable_radix_cache:
+        argv.append("--disable-radix-cache")
+    return argv + multinode_args(config) + _tail_args(config)
+
+
+def _extract_command(config: SGLangLaunchConfig) -> list[str]:
+    if config.disable_radix_cache is False:
         raise ConfigError(
             "disable_radix_cache is false: the radix cache skips recomputing cached prefixes, so their rows are "
             "never dumped; set disable_radix_cache: true"
@@ -177,11 +240,7 @@ def build_command(config: SGLangLaunchConfig) -> list[str]:
     family = _architecture(config, model_config)
     ids_arg = layer_id_argument(family, aux, int(num_layers))
     argv = [
-        config.python, "-m", "sglang.launch_server",
-        "--model-path", config.model_path,
-        "--tp-size", str(config.tp_size),
-        "--host", config.host,
-        "--port", str(config.port),
+        *_common_args(config),
         "--disable-radix-cache",
         "--chunked-prefill-size", str(config.chunked_prefill_size),
         "--disable-prefill-cuda-graph",
@@ -190,20 +249,7 @@ def build_command(config: SGLangLaunchConfig) -> list[str]:
         "--return-aux-hidden-state-layer-ids", *map(str, ids_arg),
         "--forward-hooks", json.dumps(hook_specs(config, aux), separators=(",", ":")),
     ]  # fmt: skip
-    argv += nodes
-    if config.mem_fraction_static is not None:
-        argv += ["--mem-fraction-static", str(config.mem_fraction_static)]
-    if config.dp_size > 1:
-        argv += ["--dp-size", str(config.dp_size)]
-    if config.enable_dp_attention:
-        argv.append("--enable-dp-attention")
-    if config.disable_custom_all_reduce:
-        argv.append("--disable-custom-all-reduce")
-    if config.enable_metrics:
-        argv.append("--enable-metrics")
-    if config.trust_remote_code:
-        argv.append("--trust-remote-code")
-    return argv + list(config.extra_args)
+    return argv + nodes + _tail_args(config)
 
 
 def validate_with_sglang(argv: list[str]) -> bool:
@@ -246,7 +292,8 @@ def launch(config: SGLangLaunchConfig, dry_run: bool = False) -> int:
     if not os.access(config.python, os.X_OK):
         raise ConfigError(f"python {config.python} does not exist or is not executable; install the ml-env there or fix python")
     check_port_free(config.host, config.port)
-    prepare_dump_root(Path(config.dump_dir))  # 0700 and checked, as the hook's DumpSink does it
+    if config.profile == "extract":
+        prepare_dump_root(Path(config.dump_dir))  # 0700 and checked, as the hook's DumpSink does it
     log.info("exec %s", shlex.join(argv))
     os.execv(config.python, argv)
     return 0  # not reached
