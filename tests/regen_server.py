@@ -56,7 +56,7 @@ class FakeSGLang:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:
                 if self.path in ("/health", "/health_generate"):
                     self._send(200, {})
                 elif self.path in ("/server_info", "/get_model_info"):
@@ -64,7 +64,7 @@ class FakeSGLang:
                 else:
                     self._send(404, {"error": {"message": "not found", "code": 404}})
 
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 status, answer = fake.answer(body)
                 self._send(status, answer)
@@ -73,7 +73,7 @@ class FakeSGLang:
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def answer(self, body: dict[str, Any]) -> tuple[int, Any]:
         with self._lock:

@@ -133,8 +133,11 @@ class GenerateClient:
         model_fingerprint when the server says."""
         info: dict[str, Any] = {}
         for path in (*SERVER_INFO_PATHS, MODEL_INFO_PATH):
+            def get(client: httpx.Client, route: str = path) -> httpx.Response:
+                return client.get(route, timeout=30.0)
+
             try:
-                response = self._http.call(lambda client, p=path: client.get(p, timeout=30.0))
+                response = self._http.call(get)
             except (httpx.HTTPError, RequestsCancelled):
                 continue
             body = _json(response) if response.status_code == 200 else None

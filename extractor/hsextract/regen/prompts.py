@@ -41,7 +41,7 @@ def _generation_config_eos(model_dir: Path | None) -> list[int]:
 
 def end_of_turn_ids(tokenizer: Any) -> list[int]:
     """The special tokens the chat template writes right after an assistant's content (``<|im_end|>``,
-    ``<|eot_id|>``, ``<｜end▁of▁sentence｜>``): the first run of special tokens after it."""
+    ``<|eot_id|>``, DeepSeek's end of sentence): the first run of special tokens after it."""
     text = render(tokenizer, _PROBE, False, None)
     suffix = text[text.rindex(_PROBE_ANSWER) + len(_PROBE_ANSWER) :]
     special = set(getattr(tokenizer, "all_special_ids", []) or [])

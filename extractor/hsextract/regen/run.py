@@ -224,7 +224,7 @@ class Regeneration:
             journal.append(record)
         except _Stopping:
             return
-        except BaseException as exc:  # noqa: BLE001 - a fatal error in a worker stops the run, named in the main thread
+        except BaseException as exc:
             if self._fatal is None:
                 self._fatal = exc
             self.request_stop("an error")
