@@ -35,7 +35,8 @@ def fake_answer(input_ids: list[int], params: dict[str, Any]) -> tuple[list[int]
 class FakeSGLang:
     model_path: str
     delay_s: float = 0.0
-    fail_first: int = 0  # answer this many /generate requests with HTTP 503 first
+    fail_first: int = 0  # answer this many /generate requests with HTTP 503 first (the run's 1-token probe aside)
+    prefill_only: bool = False  # refuse decoding as the embedded server without generation does
     refuse_longer_than: int | None = None  # prompts longer: HTTP 400 as SGLang's context-length check
     requests: list[dict[str, Any]] = field(default_factory=list)
     port: int = 0
@@ -78,7 +79,7 @@ class FakeSGLang:
     def answer(self, body: dict[str, Any]) -> tuple[int, Any]:
         with self._lock:
             self.requests.append(body)
-            failing = self.fail_first > 0
+            failing = self.fail_first > 0 and "-probe-" not in body["rid"]
             if failing:
                 self.fail_first -= 1
         if self.delay_s:
@@ -86,6 +87,9 @@ class FakeSGLang:
         if failing:
             return 503, {"error": {"message": "overloaded", "code": 503}}
         ids = body["input_ids"]
+        if self.prefill_only and body["sampling_params"].get("max_new_tokens", 0) != 0:
+            message = "this server only prefills: set sampling_params.max_new_tokens to 0"
+            return 400, {"error": {"message": message, "code": 400}}
         if self.refuse_longer_than is not None and len(ids) > self.refuse_longer_than:
             message = f"The input ({len(ids)} tokens) is longer than the model's context length ({self.refuse_longer_than})"
             return 400, {"error": {"message": message, "code": 400}}

@@ -173,6 +173,16 @@ def test_a_rerun_with_another_setting_is_refused_naming_both(fake: FakeSGLang, t
     assert code == 2 and "IdentityMismatchError" in err and "max_new_tokens 2048 (this run: 64)" in err
 
 
+def test_a_server_that_does_not_decode_stops_the_run_before_any_row(fake: FakeSGLang, tmp_path: Path,
+                                                                    capsys: Any) -> None:
+    dataset = make_sample_conversations(tmp_path / "c.jsonl", 2, 9)
+    fake.prefill_only = True
+    code = main(["regenerate", "--server", fake.url, "--dataset", str(dataset), "--output", str(tmp_path / "out.jsonl"),
+                 "--no-progress"])
+    assert code == 2 and "does not generate" in capsys.readouterr().err
+    assert len(fake.requests) == 1 and not (tmp_path / "out.jsonl.journal" / "rows.jsonl").read_bytes()
+
+
 def test_parquet_output_in_the_input_schema(fake: FakeSGLang, tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 

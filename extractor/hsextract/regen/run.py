@@ -19,7 +19,7 @@ import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from hsextract.errors import BadRequestError, ConfigError, ServerError, ServerUn
 from hsextract.prepare.conversation import BadRow
 from hsextract.prepare.model_tokenizer import load_model_tokenizer
 from hsextract.prepare.readers import open_input
-from hsextract.regen.client import SERVER_REFUSED, DecodeAnswer, DecodeRequest, GenerateClient, make_rid
+from hsextract.regen.client import RID_PREFIX, SERVER_REFUSED, DecodeAnswer, DecodeRequest, GenerateClient, make_rid
 from hsextract.regen.config import RegenerateConfig
 from hsextract.regen.conversation import TRUNCATED, Regenerated, regenerate_row, turn_seed
 from hsextract.regen.journal import FAILED, OK, SKIPPED, Journal, RegenIdentity
@@ -136,6 +136,28 @@ class Regeneration:
             )
         kwargs = {} if config.enable_thinking is None else {"enable_thinking": config.enable_thinking}
         return Prompter(model, stops, kwargs), model
+
+    def _probe(self, prompter: Prompter) -> None:
+        """One token generated for a short prompt, before any row: a server that does not decode (an
+        embedded server without generation, a prefill-only endpoint) stops the run here, not row by row."""
+        assert self.client is not None
+        prompt = prompter.prompt_ids([{"role": "user", "content": "hello"}], None)
+        request = DecodeRequest(f"{RID_PREFIX}-{self.run_token}-probe-0", prompt, 1, 0.0, 1.0, -1, prompter.stop_ids)
+        for attempt in range(self.config.max_attempts):
+            try:
+                self.client.generate(request)
+                return
+            except BadRequestError as exc:
+                raise ConfigError(
+                    f"the server at {self.config.server} does not generate for a 1-token request: {exc}; serve the "
+                    "model with a server that decodes (SGLang, or hsextract serve with generation)"
+                ) from None
+            except TransientServerError as exc:
+                if attempt + 1 == self.config.max_attempts:
+                    raise ServerError(f"the server at {self.config.server} fails a 1-token request: {exc}") from None
+                request = replace(request, rid=f"{RID_PREFIX}-{self.run_token}-probe-{attempt + 1}")
+                if self.stop.wait(self.config.retry_backoff_s):
+                    raise KeyboardInterrupt from None
 
     # -- one request, one row ----------------------------------------------------------------------
     def _wait_for_server(self, cause: Exception) -> None:
@@ -269,6 +291,7 @@ class Regeneration:
                 if done is not None and config.output.is_file():
                     summary.status, summary.counts = ALREADY_COMPLETE, dict(done.get("counts", {}))
                     return summary
+                self._probe(prompter)
                 meta = {"model": identity.model_path, "model_fingerprint": fingerprint, "sampling": sampling,
                         "reasoning": config.reasoning}
                 self._loop(journal, source, prompter, meta, summary)
