@@ -248,3 +248,47 @@ def test_reasoning_keep_drop_split() -> None:
 def test_rids_are_never_extraction_rids() -> None:
     rid = make_rid("ab12cd34", 7, 3, 1)
     assert parse_rid(rid) is None and parse_rid(rid, "regen") is None
+
+
+def test_pipeline_regenerate_prepare_extract_verify_then_all_skipped(fake: FakeSGLang, model_dir: Any,
+                                                                       start_server: Any, tmp_path: Path) -> None:
+    import yaml
+
+    from hsextract.extract.data_config import read_data_config
+
+    model = model_dir()
+    fake.model_path = str(model)
+    server = start_server(model)
+    dataset = make_sample_conversations(tmp_path / "c.jsonl", 4, 12)
+    config = {
+        "regenerate": {"server": fake.url, "dataset": str(dataset), "output": str(tmp_path / "regen.jsonl"),
+                       "max_new_tokens": 8, "progress": False},
+        "prepare": {"model": str(model), "output": str(tmp_path / "prepared"), "progress": False,
+                    "specforge_template": "kimi-k2-instruct"},
+        "extract": {"server": server.url, "output": str(tmp_path / "out"), "health_timeout_s": 30},
+    }
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["pipeline", "--config", str(path)]) == 0
+    data = read_data_config(tmp_path / "out")
+    assert data is not None and data.complete and data.sources is not None
+    regen = data.sources["regenerate"]
+    assert regen["identity"]["sampling"]["max_new_tokens"] == 8 and regen["counts"]["ok"] == 4
+    assert data.sources["prepare"]["settings"]["input_path"] == str(tmp_path / "regen.jsonl")
+    sent = len(fake.requests)
+    assert main(["pipeline", "--config", str(path)]) == 0  # every step complete: skipped
+    assert len(fake.requests) == sent
+
+
+def test_pipeline_checks_every_section_before_the_first_step(fake: FakeSGLang, tmp_path: Path, capsys: Any) -> None:
+    import yaml
+
+    dataset = make_sample_conversations(tmp_path / "c.jsonl", 2, 13)
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump({
+        "regenerate": {"server": fake.url, "dataset": str(dataset), "output": str(tmp_path / "r.jsonl")},
+        "prepare": {"model": fake.model_path, "output": str(tmp_path / "p")},
+        "extract": {"output": str(tmp_path / "o"), "max_seq_lenn": 4},
+    }))
+    assert main(["pipeline", "--config", str(path)]) == 2
+    assert "section extract" in capsys.readouterr().err and fake.requests == []

@@ -175,6 +175,12 @@ def _cmd_regenerate(args: argparse.Namespace) -> int:
     return EXIT_INCOMPLETE
 
 
+def _cmd_pipeline(args: argparse.Namespace) -> int:
+    from hsextract.pipeline import load_pipeline, run_pipeline
+
+    return run_pipeline(load_pipeline(args.config))
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     from hsextract.extract.verify import verify_output
 
@@ -343,6 +349,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_config_arguments(regenerate, RegenerateConfig)
     regenerate.set_defaults(func=_cmd_regenerate)
+
+    pipeline = sub.add_parser(
+        "pipeline",
+        help="regenerate -> prepare -> extract -> verify from one YAML file (a section per step)",
+        description="Run hsextract regenerate (optional), prepare, extract and verify with the options of the "
+        "config's regenerate, prepare and extract sections; each step resumes, one already complete is skipped, "
+        "and the output's data_config.json records the sources (regenerating model and parameters, prepare "
+        "provenance). See docs/regenerate.md.",
+    )
+    pipeline.add_argument("--config", type=Path, required=True, help="YAML file: sections regenerate, prepare, extract")
+    pipeline.set_defaults(func=_cmd_pipeline)
 
     launcher = sub.add_parser(
         "launch-sglang",
