@@ -76,6 +76,7 @@ lint: setup  ## ruff, mypy (strict on the package, bodies of the tests), shellch
 
 bench: setup  ## benchmarks; writes bench/results.json
 	$(BIN)/python bench/bench_core.py --out bench/results.json
+	$(BIN)/python bench/bench_prepare.py --out bench/results-prepare.json
 
 bench-gpu:  ## on a GPU host: the SGLang hook's forward-thread hold time and dump rate; writes bench/results-gpu.json
 	PYTHONPATH=extractor $(or $(GPU_PYTHON),python3) bench/bench_hook_gpu.py --out bench/results-gpu.json

@@ -294,9 +294,11 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument(
         "--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16", help="weight dtype (default: bfloat16)"
     )
+    from hsextract.dev.tokenizer import FAMILIES as CHAT_FAMILIES
+
     tiny.add_argument(
         "--chat-family",
-        choices=["chatml", "llama3", "deepseek_v3", "kimi_k2"],
+        choices=list(CHAT_FAMILIES),
         help="the tokenizer's special tokens and chat template shape (default: qwen2 chatml, llama llama3, "
         "deepseek_v3 kimi_k2)",
     )

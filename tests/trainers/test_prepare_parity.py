@@ -57,7 +57,7 @@ CONVERSATIONS: list[dict[str, Any]] = [
     },
     {
         "messages": [
-            {"role": "user", "content": "Grüße aus München! 你好，世界 🙂"},
+            {"role": "user", "content": "Grüße aus München! 你好, 世界 🙂"},
             {"role": "assistant", "content": "Привет! こんにちは — naïve café ∑π≈3.14 🚀"},
             {"role": "user", "content": "مرحبا"},
             {"role": "assistant", "content": "안녕하세요"},
@@ -209,3 +209,68 @@ def test_prepared_dataset_parity(family: str, like: str, tokenizers: dict[str, t
         assert got.get(index, []) == theirs, (family, like, index)
     counts = json.loads((tmp_path / "out" / "prepare.json").read_text())["counts"]
     assert counts["rows_out"] == len(written) and counts["truncated"] > 0
+
+
+#: what the template itself writes when the data has no system prompt (speculators sees it; SpecForge inserts its own)
+TEMPLATE_DEFAULT_SYSTEM = {"chatml": "You are Qwen", "llama3": None, "deepseek_v3": None, "kimi_k2": "You are Kimi"}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_how_the_conventions_differ(family: str, tokenizers: dict[str, tuple[Path, Any]]) -> None:
+    """Pinned: with the data's own system prompt the tokens agree, SpecForge's one row carries every turn's mask
+    that speculators spreads over one row per turn; without one, each trainer's system prompt differs."""
+    tokenizer = tokenizers[family][1]
+    template = TEMPLATES[FAMILIES[family][0]]
+    specforge = _ours(SpecForgeConvention(tokenizer, template, 4096))
+    speculators = _ours(SpeculatorsConvention(tokenizer, 4096))
+    (sf_ids, sf_mask), = specforge[1]  # conversation 1: a system prompt, two exchanges
+    assert len(speculators[1]) == 2 and speculators[1][-1][0] == sf_ids
+    union = [max(m[i] if i < len(m) else 0 for _, m in speculators[1]) for i in range(len(sf_ids))]
+    assert sf_mask == union
+    (sf_ids, _), = specforge[0]  # conversation 0: no system prompt
+    (spec_ids, _), = speculators[0]
+    sf_text, spec_text = tokenizer.decode(sf_ids), tokenizer.decode(spec_ids)
+    assert sf_ids != spec_ids and template.system_prompt and template.system_prompt in sf_text
+    default = TEMPLATE_DEFAULT_SYSTEM[family]
+    if default is None:  # the template writes no system prompt of its own: speculators' row has none
+        assert template.system_prompt not in spec_text and len(spec_ids) < len(sf_ids)
+    else:  # speculators' row has the template's default, SpecForge's the registry's in its place
+        assert default in spec_text and default not in sf_text
+
+
+SCAFFOLD = (  # the generation prompt opens a think block that the recorded turn does not have (DeepSeek-R1's shape)
+    "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}"
+)
+COUNTING = (  # history depends on the turns after it: not prefix-stable
+    "{{ '<|im_start|>system\\n' ~ (messages | length) ~ '<|im_end|>\\n' }}"
+    "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+@pytest.mark.parametrize("template", [SCAFFOLD, COUNTING], ids=["scaffold", "counting"])
+def test_speculators_boundary_fallbacks(template: str, tokenizers: dict[str, tuple[Path, Any]],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """speculators' common-prefix boundary (scaffold) and its BoundaryUnstableError (counting): the same rows, or none."""
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizers["chatml"][0]))
+    tokenizer.chat_template = template
+    outcomes = SpeculatorsConvention(tokenizer, 4096).prepare([conversation_of(i, c) for i, c in enumerate(CONVERSATIONS)])
+    for index, conv in enumerate(CONVERSATIONS):
+        theirs = _theirs_speculators(tokenizer, conv, 4096, monkeypatch)
+        assert [(r.input_ids, r.loss_mask) for r in outcomes[index].rows] == theirs, index
+        if template is COUNTING:
+            error = outcomes[index].error
+            assert theirs == [] and error is not None and error.reason == "template not prefix-stable"
+    assert template is COUNTING or sum(len(o.rows) for o in outcomes) > len(CONVERSATIONS)
+
+
+def test_unknown_role_is_refused_where_speculators_guesses(tokenizers: dict[str, tuple[Path, Any]],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pinned difference: speculators maps an unknown role (here ShareGPT's "bing") to assistant and supervises it;
+    prepare records the row as "unknown role" rather than guess."""
+    tokenizer = tokenizers["chatml"][1]
+    conv = {"conversations": [{"from": "human", "value": "hi"}, {"from": "bing", "value": "searching"}]}
+    assert len(_theirs_speculators(tokenizer, conv, 4096, monkeypatch)) == 1
+    with pytest.raises(Exception, match="has from 'bing'; known roles"):
+        conversation_of(0, conv)

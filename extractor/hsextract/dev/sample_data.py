@@ -36,10 +36,11 @@ def make_sample_data(path: Path, num: int = 64, vocab_size: int = 4096, seed: in
     return path
 
 
-_WORDS = (
+_WORD_TEXT = (
     "the a model answer question data token layer state draft verify train step list short long because then "
     "Straße café naïve déjà über привет мир данные 你好 世界 模型 こんにちは データ 안녕하세요 مرحبا 🙂 🚀 ∑ π →"
-).split()
+)
+_WORDS = tuple(_WORD_TEXT.split())
 _SYSTEM_PROMPTS = ("You are a terse assistant.", "Réponds en français, s'il te plaît.", "你是一个有用的助手。")
 #: the input layouts of make_sample_conversations
 CONVERSATION_STYLES = ("sharegpt", "messages")

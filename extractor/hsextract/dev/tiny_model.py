@@ -80,9 +80,9 @@ def make_tiny_model(
 ) -> Path:
     """Write a ``save_pretrained`` directory with random weights and a tokenizer of the same vocabulary
     (``chat_family``'s special tokens and chat template; default: the architecture's family); returns its path."""
-    from hsextract.dev.tokenizer import DEFAULT_FAMILY, write_tokenizer
-
     import transformers
+
+    from hsextract.dev.tokenizer import DEFAULT_FAMILY, write_tokenizer
 
     if dtype not in DTYPES:
         raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")

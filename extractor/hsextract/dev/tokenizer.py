@@ -1,3 +1,4 @@
+# ruff: noqa: RUF001 - DeepSeek's special tokens are spelled with fullwidth bars (U+FF5C), as in its tokenizer
 """A real tokenizer for the tiny models: a byte-level BPE trained here, a family's special tokens
 and a chat template of that family's shape (``chat_templates/*.jinja``).
 
@@ -81,7 +82,7 @@ FAMILIES: dict[str, ChatFamily] = {
 #: the family a tiny model of each architecture gets unless told otherwise
 DEFAULT_FAMILY = {"qwen2": "chatml", "llama": "llama3", "deepseek_v3": "kimi_k2"}
 
-_WORDS = (
+_WORD_TEXT = (
     "the model answers every question with care and a short list of steps before it stops "
     "data token layer hidden state draft verify extract train prepare server request batch "
     "Straße café naïve déjà élève über Größe façade señor año niño "
@@ -91,7 +92,8 @@ _WORDS = (
     "안녕하세요 모델 데이터 "
     "مرحبا نموذج بيانات "
     "🙂 🚀 ✓ ∑ π ≈ → ★"
-).split()
+)
+_WORDS = tuple(_WORD_TEXT.split())
 
 
 def _corpus(seed: int, lines: int = 3000) -> list[str]:
@@ -130,7 +132,7 @@ def write_tokenizer(directory: Path, family: str, vocab_size: int, seed: int = 0
         bpe.add_special_tokens([AddedToken(f"<|reserved_{i}|>", special=True) for i in range(missing)])
     if bpe.get_vocab_size() != vocab_size:
         raise AssertionError(f"tokenizer has {bpe.get_vocab_size()} tokens, not {vocab_size}")
-    tokenizer = PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=bpe,
         bos_token=spec.bos,
         eos_token=spec.eos,

@@ -48,7 +48,7 @@ def load_model_tokenizer(model: Path, chat_template: Path | None, trust_remote_c
         raise ConfigError(f"--model {model} is not a directory; give the model directory (its tokenizer and chat template)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(model), trust_remote_code=trust_remote_code)
-    except Exception as exc:  # noqa: BLE001 - transformers raises many types for a directory it cannot read
+    except Exception as exc:  # transformers raises many types for a directory it cannot read
         remote = "" if trust_remote_code else " or --trust-remote-code when the model ships its own tokenizer code (Kimi)"
         raise ConfigError(
             f"cannot load the tokenizer of --model {model}: {type(exc).__name__}: {exc}; give a model directory with "
@@ -69,7 +69,7 @@ def load_model_tokenizer(model: Path, chat_template: Path | None, trust_remote_c
         )
     try:
         text = tokenizer.apply_chat_template(_PROBE, tokenize=False, add_generation_prompt=False)
-    except Exception as exc:  # noqa: BLE001 - jinja2 and the template itself raise many types
+    except Exception as exc:  # jinja2 and the template itself raise many types
         raise ConfigError(
             f"the chat template from {source} cannot render a user/assistant exchange: {type(exc).__name__}: {exc}; "
             "fix the template or give another with --chat-template FILE"

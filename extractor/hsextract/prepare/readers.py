@@ -88,7 +88,7 @@ def _load_split(path: Path, split: str | None) -> Any:
 
     try:
         loaded = datasets.load_from_disk(str(path))
-    except Exception as exc:  # noqa: BLE001 - datasets raises many types for a directory it cannot read
+    except Exception as exc:  # datasets raises many types for a directory it cannot read
         raise ConfigError(
             f"--dataset {path} cannot be loaded with datasets.load_from_disk ({exc}); give a save_to_disk directory, "
             "a .jsonl or a .parquet file"
@@ -128,7 +128,7 @@ def open_input(path: Path, split: str | None = None) -> InputDataset:
 
         try:
             rows = pq.ParquetFile(path).metadata.num_rows
-        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a file it cannot read
+        except Exception as exc:  # pyarrow raises several types for a file it cannot read
             raise ConfigError(f"--dataset {path} is not a readable Parquet file: {exc}") from None
         return InputDataset(path, "parquet", None, rows, _file_sha256([path]))
     if path.suffix == ".jsonl":

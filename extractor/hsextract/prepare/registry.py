@@ -1,3 +1,4 @@
+# ruff: noqa: RUF001 - DeepSeek's special tokens are spelled with fullwidth bars (U+FF5C), as in its tokenizer
 """SpecForge 0.2.0's chat template registry (``specforge/data/template.py``) as data, and which entry a
 model's own chat template fits.
 
@@ -83,7 +84,8 @@ TEMPLATES: dict[str, RegistryTemplate] = {
         _t("deepseek-v3", "<｜Assistant｜>", "<｜User｜>", "<｜end▁of▁sentence｜>", _HELPFUL),
         _t("deepseek-v2", "Assistant: ", "User: ", "<｜end▁of▁sentence｜>", None),
         _t("ling-flash-2.0", "<role>ASSISTANT</role>", "<role>HUMAN</role>", "<|role_end|>", _HELPFUL),
-        _t("deepseek-v32", "<｜Assistant｜>", "<｜User｜>", "<｜end▁of▁sentence｜>", "", parser_type="thinking", enable_thinking=True),
+        _t("deepseek-v32", "<｜Assistant｜>", "<｜User｜>", "<｜end▁of▁sentence｜>", "", parser_type="thinking",
+           enable_thinking=True),
         _t("gemma", "<start_of_turn>model\n", "<start_of_turn>user\n", "<end_of_turn>\n", _HELPFUL),
         _t("longcat_xml", "<longcat_assistant>", "<longcat_user>", "</longcat_s>", _HELPFUL),
         _t("qwen3.5", "<|im_start|>assistant\n<think>\n", "<|im_start|>user\n", "<|im_end|>\n", "",
@@ -125,7 +127,7 @@ def matching_templates(tokenizer: Any) -> list[str]:
             rendered = tokenizer.apply_chat_template(
                 _PROBE, tokenize=False, add_generation_prompt=False, **template.render_kwargs
             )
-        except Exception:  # noqa: BLE001 - a template that cannot render the probe fits no entry
+        except Exception:  # a template that cannot render the probe fits no entry
             continue
         if fits(template, rendered):
             names.append(template.name)

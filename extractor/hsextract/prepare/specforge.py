@@ -110,7 +110,7 @@ class SpecForgeConvention:
             notes[CUT] += 1
         try:
             return render(self.tokenizer, messages, False, conversation.tools, **self._render_kwargs)
-        except Exception as exc:  # noqa: BLE001 - a template raises what it likes; the row is recorded, the run goes on
+        except Exception as exc:  # a template raises what it likes; the row is recorded, the run goes on
             raise BadRow(Reason.TEMPLATE_FAILED, f"row {conversation.source_row}: the chat template raised "
                          f"{type(exc).__name__}: {exc}") from None
 

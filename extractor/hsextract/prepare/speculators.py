@@ -73,7 +73,7 @@ class SpeculatorsConvention:
                 if message["role"] == "assistant" and j > 0:
                     context = render(self.tokenizer, messages[:j], True, conversation.tools)
                     out.append((j, context, render(self.tokenizer, messages[: j + 1], False, conversation.tools)))
-        except Exception as exc:  # noqa: BLE001 - a template raises what it likes; the row is recorded, the run goes on
+        except Exception as exc:  # a template raises what it likes; the row is recorded, the run goes on
             raise BadRow(Reason.TEMPLATE_FAILED, f"row {conversation.source_row}: the chat template raised "
                          f"{type(exc).__name__}: {exc}") from None
         return out

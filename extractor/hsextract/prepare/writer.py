@@ -119,7 +119,7 @@ class PreparedWriter:
     def open(self) -> list[PartRecord]:
         """Create or reopen the staging directory (locked); the parts finished so far."""
         self.parts_dir.mkdir(parents=True, exist_ok=True)
-        self._lock = open(self.staging / "lock", "w")
+        self._lock = open(self.staging / "lock", "w")  # noqa: SIM115 - held (flock) until finish() or close()
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
