@@ -99,8 +99,10 @@ class FakeSGLang:
         return 200, {"output_ids": output, "meta_info": meta}
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        if not getattr(self, "_stopped", False):
+            self._stopped = True
+            self.server.shutdown()
+            self.server.server_close()
 
 
 def write_rows(path: Path, rows: list[Any]) -> Path:

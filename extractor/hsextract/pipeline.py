@@ -11,7 +11,8 @@ The file has one section per step, each holding that step's own options (the key
 Every section is validated before the first step runs, so a typo in ``extract`` stops the pipeline
 before hours of regeneration. ``regenerate`` is optional (conversations used as they are). A step's
 ``dataset`` defaults to the previous step's output and ``prepare.format`` to ``extract.format``. Each
-step resumes, and one already complete is skipped (regenerate: its ``summary.json``; prepare: its
+step resumes, and one already complete is skipped (regenerate: its ``summary.json`` with the section's
+sampling, turns, reasoning and input, without asking its server, which may be gone; prepare: its
 ``prepare.json``; extract: a complete ``data_config.json``). At the end the output's
 ``data_config.json`` gets ``sources``: the regenerating model and parameters and the prepare provenance.
 """
@@ -107,9 +108,12 @@ def run_pipeline(steps: Steps) -> int:
     from hsextract.extract.run import Extraction
     from hsextract.extract.verify import verify_output
     from hsextract.prepare.run import run_prepare
-    from hsextract.regen.run import ALREADY_COMPLETE, COMPLETE, INTERRUPTED, Regeneration
+    from hsextract.regen.run import ALREADY_COMPLETE, COMPLETE, INTERRUPTED, Regeneration, completed
 
-    if steps.regenerate is not None:
+    if steps.regenerate is not None and completed(steps.regenerate) is not None:
+        log.info("pipeline: regenerate already complete with these settings (%s); not contacting its server",
+                 steps.regenerate.output)
+    elif steps.regenerate is not None:
         summary = Regeneration(steps.regenerate).run()
         log.info("pipeline: regenerate %s (%s)", summary.status, summary.output)
         if summary.status not in (COMPLETE, ALREADY_COMPLETE):

@@ -95,6 +95,26 @@ def tally(journal: Journal, rows: int) -> dict[str, Any]:
     }
 
 
+def completed(config: RegenerateConfig) -> dict[str, Any] | None:
+    """The summary of a complete output made with these settings, read without the server (None: not
+    complete, or made otherwise). ``hsextract pipeline`` skips the step on it: the regeneration server
+    is usually gone by the time a later step is rerun."""
+    summary = read_summary(config.journal_dir)
+    if summary is None or not config.output.is_file():
+        return None
+    identity = summary.get("identity") or {}
+    sampling = {k: v for k, v in (identity.get("sampling") or {}).items() if k != "stop_token_ids"}
+    same = (
+        sampling == config.sampling()
+        and identity.get("turns") == config.turns
+        and identity.get("reasoning") == config.reasoning
+        and identity.get("enable_thinking") == config.enable_thinking
+        and identity.get("drop_truncated") == config.drop_truncated
+        and identity.get("input_path") == str(config.dataset.resolve())
+    )
+    return summary if same else None
+
+
 class Regeneration:
     def __init__(self, config: RegenerateConfig, metrics: RegenMetrics | None = None) -> None:
         self.config = config
