@@ -291,3 +291,34 @@ def test_pipeline_checks_every_section_before_the_first_step(fake: FakeSGLang, t
     }))
     assert main(["pipeline", "--config", str(path)]) == 2
     assert "section extract" in capsys.readouterr().err and fake.requests == []
+
+
+def test_metrics_port_serves_the_regen_series(fake: FakeSGLang, tmp_path: Path) -> None:
+    import httpx
+
+    from .helpers import free_port
+
+    port = free_port()
+    dataset = make_sample_conversations(tmp_path / "c.jsonl", 2, 14)
+    summary, _ = _run(fake, dataset, tmp_path / "out.jsonl", metrics_port=port)
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    assert f'hsextract_regen_rows_total{{status="ok"}} {float(summary.counts["ok"])}' in text
+    for name in ("hsextract_regen_generated_tokens_total", "hsextract_regen_inflight_requests 0.0",
+                 "hsextract_regen_rows_planned 2.0", "hsextract_regen_running 0.0", "hsextract_regen_turns_total"):
+        assert name in text
+
+
+def test_a_moved_model_with_the_same_fingerprint_is_the_same_identity() -> None:
+    from dataclasses import replace
+
+    from hsextract.regen.journal import RegenIdentity, mismatches
+
+    identity = RegenIdentity("/models/a", "sha256:1", "tok", "tpl", {"max_new_tokens": 8, "seed": None}, "all", "keep",
+                             None, False, "/data/in.jsonl", None, "sha256:in", 4)
+    assert mismatches(identity, replace(identity, model_path="/elsewhere/a", input_path="/moved/in.jsonl")) == []
+    assert mismatches(identity, replace(identity, model_fingerprint="sha256:2")) == [
+        "model_fingerprint 'sha256:1' (this run: 'sha256:2')"]
+    unknown = replace(identity, model_fingerprint=None)
+    assert mismatches(unknown, replace(unknown, model_path="/other")) == ["model_path '/models/a' (this run: '/other')"]
+    assert mismatches(identity, replace(identity, reasoning="split", input_fingerprint="sha256:x")) == [
+        "reasoning 'keep' (this run: 'split')", "input_fingerprint 'sha256:in' (this run: 'sha256:x')"]
