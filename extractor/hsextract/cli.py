@@ -163,7 +163,9 @@ def _cmd_regenerate(args: argparse.Namespace) -> int:
         f"skipped {counts.get('skipped')}; {summary.resumed} were done by an earlier run\n"
         f"  {counts.get('turns_regenerated')} turns, {counts.get('generated_tokens')} tokens generated, "
         f"{counts.get('truncated_turns')} turns cut at --max-new-tokens {config.max_new_tokens}\n"
-        f"  took {summary.seconds:.1f} s; journal, errors.jsonl and summary.json in {summary.journal}"
+        f"  took {summary.seconds:.1f} s; "
+        + (f"errors.jsonl and summary.json in {summary.journal}" if summary.status in (COMPLETE, ALREADY_COMPLETE)
+           else f"progress kept in {summary.journal}/rows.jsonl")
     )
     if summary.status in (COMPLETE, ALREADY_COMPLETE):
         print(f"  next: hsextract prepare --dataset {summary.output} --model ... --output ...")
