@@ -193,20 +193,32 @@ def test_parquet_output_in_the_input_schema(fake: FakeSGLang, tmp_path: Path) ->
     assert set(table[0]["messages"][0]) == {"role", "content"}
 
 
-def test_sigkill_mid_run_then_the_same_command_gives_every_row_once(fake: FakeSGLang, tmp_path: Path) -> None:
+def _start_and_signal(fake: FakeSGLang, tmp_path: Path, sig: signal.Signals) -> tuple[list[str], dict[str, str], int]:
+    """Start the CLI on 24 conversations, send ``sig`` once 5 rows are settled; (command, env, exit code)."""
     dataset = make_sample_conversations(tmp_path / "c.jsonl", 24, 11)
     fake.delay_s = 0.05
-    output = tmp_path / "out.jsonl"
     command = [sys.executable, "-m", "hsextract", "regenerate", "--server", fake.url, "--dataset", str(dataset),
-               "--output", str(output), "--concurrency", "4", "--no-progress"]
+               "--output", str(tmp_path / "out.jsonl"), "--concurrency", "4", "--no-progress"]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "extractor")}
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     journal = tmp_path / "out.jsonl.journal" / "rows.jsonl"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (not journal.exists() or journal.read_text().count("\n") < 5):
         time.sleep(0.02)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    process.send_signal(sig)
+    return command, env, process.wait(timeout=60)
+
+
+def test_sigterm_stops_with_130_leaving_only_settled_rows(fake: FakeSGLang, tmp_path: Path) -> None:
+    _, _, code = _start_and_signal(fake, tmp_path, signal.SIGTERM)
+    rows = _lines(tmp_path / "out.jsonl.journal" / "rows.jsonl")
+    assert code == 130 and 5 <= len(rows) < 24 and not (tmp_path / "out.jsonl").exists()
+    assert len({r["row"] for r in rows}) == len(rows) and all(r["status"] == "ok" for r in rows)
+
+
+def test_sigkill_mid_run_then_the_same_command_gives_every_row_once(fake: FakeSGLang, tmp_path: Path) -> None:
+    command, env, _ = _start_and_signal(fake, tmp_path, signal.SIGKILL)
+    output, journal, dataset = tmp_path / "out.jsonl", tmp_path / "out.jsonl.journal" / "rows.jsonl", tmp_path / "c.jsonl"
     settled = journal.read_text().count("\n")
     assert 5 <= settled < 24 and not output.exists()
     with open(journal, "ab") as handle:  # as if the kill had torn a record mid-write
