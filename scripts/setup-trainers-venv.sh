@@ -4,7 +4,8 @@
 # into this repository). Both go in with --no-deps: their full requirement sets pin GPU stacks
 # (sglang, a CUDA torch, flash-attn, mooncake). What their data modules import beyond hsextract's own
 # dependencies is small: hs-connectors (speculators' FileTransfer), openai (imported by
-# speculators.train.data) and pydantic-settings (speculators' training config schema).
+# speculators.train.data), pydantic-settings (speculators' training config schema) and loguru (speculators.train.cli,
+# whose parse_vocab_mappings builds the draft vocabulary from token_freq.pt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${1:-.venv-trainers}
@@ -19,7 +20,7 @@ PIP="$VENV/bin/pip"
 "$PIP" install -q --no-deps -c constraints-trainers.txt specforge speculators hs-connectors
 # pip lists every trainer requirement left out ("specforge 0.2.0 requires sglang==0.5.14, which is not
 # installed"): expected here, so that output goes to a log, shown only when the install fails.
-"$PIP" install -q -c constraints-trainers.txt -c constraints.txt openai pydantic-settings \
+"$PIP" install -q -c constraints-trainers.txt -c constraints.txt openai pydantic-settings loguru \
   >"$VENV/deps-install.log" 2>&1 || { cat "$VENV/deps-install.log"; exit 1; }
 "$VENV/bin/python" -W ignore -c "
 from specforge.algorithms.eagle3.data import build_offline_collator, build_offline_normalizer, build_offline_reader

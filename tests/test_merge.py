@@ -107,6 +107,9 @@ def test_merge_equals_one_unsharded_run(model_dir, start_server, tmp_path: Path,
             assert torch.equal(data[row]["input_ids"], ref[row]["input_ids"])
             assert torch.equal(data[row]["loss_mask"], ref[row]["loss_mask"])
             assert int(data[row]["seq_len"]) == int(ref[row]["seq_len"])
+        # the draft vocabulary: the shards' counts summed are the unsharded run's
+        merged_freq = torch.load(merged / "data" / "token_freq.pt", weights_only=True)
+        assert merged_freq == torch.load(whole / "data" / "token_freq.pt", weights_only=True) and merged_freq
     else:  # SpecForge's loader: torch.load of each listed file
         for record in _jsonl(merged / "samples.jsonl"):
             loaded = torch.load(merged / record["file"], weights_only=True)

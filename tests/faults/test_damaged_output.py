@@ -66,3 +66,30 @@ def test_torn_last_line_of_samples_jsonl(models, start_server, tmp_path: Path) -
     assert rerun.returncode == 0, rerun.stderr
     assert "written now 1, already done 5" in rerun.stdout
     assert_same_output(output, reference)
+
+
+def test_a_wrong_or_missing_token_freq_is_reported_and_rewritten(models, start_server, tmp_path: Path) -> None:
+    import torch
+
+    server = start_server(models["main"])
+    dataset = write_rows(tmp_path / "data.jsonl", make_rows(4, seed=12))
+    output = tmp_path / "out"
+    run_extraction(server.url, dataset, output, concurrency=1, format="speculators")
+    freq_file = output / "data" / "token_freq.pt"
+    counts = torch.load(freq_file, weights_only=True)
+    assert counts and _verify_cli(output).returncode == 0
+
+    wrong = dict(counts)
+    first = next(iter(wrong))
+    wrong[first] += 1
+    torch.save(wrong, freq_file)
+    report = _verify_cli(output)
+    assert report.returncode == 1 and "does not count data/'s supervised tokens" in report.stdout, report.stdout
+    freq_file.unlink()
+    report = _verify_cli(output)
+    assert report.returncode == 1 and f"{freq_file} is missing" in report.stdout, report.stdout
+
+    rerun = run_extract(server.url, dataset, output, "--format", "speculators")
+    assert rerun.returncode == 0, rerun.stderr
+    assert torch.load(freq_file, weights_only=True) == counts
+    assert _verify_cli(output).returncode == 0

@@ -92,3 +92,16 @@ def test_the_merged_trainer_length_covers_the_longest_sample_of_any_shard(merged
         assert out.config["longest_sample_tokens"] == max(
             open_format(out.format, out.path).read_sample(r).input_ids.shape[0] for r in out.written_rows
         )
+
+
+def test_the_merged_token_freq_sums_the_shards_and_equals_speculators_count_of_the_merged_rows(merged, tmp_path) -> None:
+    from datasets import load_from_disk
+    from speculators.train.vocab_mapping import combine_token_frequency_distributions, save_token_frequency_distribution
+
+    out = merged["speculators"]
+    shard_files = [Path(p["path"]) / "data" / "token_freq.pt" for p in out.config["merged_from"]]
+    combine_token_frequency_distributions(shard_files, tmp_path / "combined.pt")
+    save_token_frequency_distribution(load_from_disk(str(out.path / "data")), tmp_path / "recounted.pt")
+    ours = torch.load(out.path / "data" / "token_freq.pt", weights_only=True)
+    assert ours == torch.load(tmp_path / "combined.pt", weights_only=True)
+    assert ours == torch.load(tmp_path / "recounted.pt", weights_only=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +33,7 @@ from hsextract.contract.states import ErrorReason
 from hsextract.errors import DumpError, MergeError
 from hsextract.extract.checksum import WrittenFile, file_checksum
 from hsextract.extract.dataset import Sample
+from hsextract.extract.formats import token_freq
 from hsextract.extract.formats.base import OutputFormat, StoredSample
 from hsextract.extract.serving_hints import (
     SPECULATORS_DEFAULT_TOTAL_SEQ_LEN,
@@ -43,6 +44,9 @@ from hsextract.extract.serving_hints import (
 
 if TYPE_CHECKING:
     from hsextract.extract.merge_plan import MergePlan
+
+#: the fix for a missing or wrong data/token_freq.pt: the run's finalize writes it from data/
+_REFINALIZE = "rerun the extraction with the same command (it finds the rows done and rewrites data/)"
 
 
 class SpeculatorsFormat(OutputFormat):
@@ -97,7 +101,15 @@ class SpeculatorsFormat(OutputFormat):
 
     @classmethod
     def trainer_summary(cls, trainer: dict[str, Any], output: Path) -> str:
-        return f"train with speculators {cls.trainer_version}: " + " ".join(speculators_args(trainer, output))
+        line = f"train with speculators {cls.trainer_version}: " + " ".join(speculators_args(trainer, output))
+        path = output / "data" / token_freq.TOKEN_FREQ_FILE
+        if path.exists():
+            distinct = len(token_freq.read(path))
+            line += (
+                f"; add --draft-vocab-size N for a smaller draft vocabulary, built from {path} ({distinct} distinct "
+                "supervised tokens: an N at or below that keeps the most frequent ones, e.g. 32000 for a Kimi-size vocabulary)"
+            )
+        return line
 
     def sample_path(self, row: int) -> Path:
         return self.root / "hidden_states" / f"hs_{row}.safetensors"
@@ -169,6 +181,12 @@ class SpeculatorsFormat(OutputFormat):
             features=arrow_features(),
         )
         save_arrow_dataset(table, self.root / "data")
+        # after the swap: data/ is replaced whole
+        token_freq.write(self.token_freq_path, token_freq.count_supervised(zip(input_ids, loss_mask, strict=True)))
+
+    @property
+    def token_freq_path(self) -> Path:
+        return self.root / "data" / token_freq.TOKEN_FREQ_FILE
 
     def verify_index(self, rows: set[int], problem: Callable[[str], None]) -> None:
         """``data/`` loads, and its entry of every written row matches the row's file."""
@@ -191,6 +209,28 @@ class SpeculatorsFormat(OutputFormat):
                 continue  # reported with the sample
             if not torch.equal(entry["input_ids"], token_ids) or int(entry["seq_len"]) != token_ids.shape[0]:
                 problem(f"row {row}: data/ input_ids or seq_len differ from hs_{row}.safetensors")
+        self._verify_token_freq(data, problem)
+
+    def _verify_token_freq(self, data: Any, problem: Callable[[str], None]) -> None:
+        """``data/token_freq.pt`` counts exactly the supervised tokens of ``data/``'s rows."""
+        path = self.token_freq_path
+        try:
+            recorded = token_freq.read(path)
+        except FileNotFoundError:
+            problem(f"{path} is missing (speculators would train a full-vocabulary drafter); {_REFINALIZE}")
+            return
+        except Exception as exc:  # a torn or foreign file: any reader error is a finding
+            problem(f"{path} cannot be read ({type(exc).__name__}: {exc}); {_REFINALIZE}")
+            return
+        rows = (
+            (ids, mask)
+            for batch in data.with_format(None).iter(batch_size=4096)
+            for ids, mask in zip(batch["input_ids"], batch["loss_mask"], strict=True)
+        )
+        expected = token_freq.count_supervised(rows)
+        if recorded != expected:
+            differ = sorted(set(recorded.items()) ^ set(expected.items()))[:5]
+            problem(f"{path} does not count data/'s supervised tokens (differing entries, e.g. {differ}); {_REFINALIZE}")
 
     def merge_index(self, plan: MergePlan) -> None:
         """One ``data/`` whose entry i is row i: each written row from its shard's ``data/``, holes elsewhere."""
@@ -236,6 +276,19 @@ class SpeculatorsFormat(OutputFormat):
                 f"repair the shard first: {shard.finish_command()}"
             )
         save_arrow_dataset(merged.flatten_indices(), self.root / "data")
+        token_freq.write(self.token_freq_path, token_freq.combine(self._shard_token_freq(plan)))
+
+    @staticmethod
+    def _shard_token_freq(plan: MergePlan) -> Iterator[dict[int, int]]:
+        for shard in plan.shards:
+            path = shard.path / "data" / token_freq.TOKEN_FREQ_FILE
+            try:
+                yield token_freq.read(path)
+            except FileNotFoundError:
+                raise MergeError(
+                    f"{shard.label}: {path} is missing (a shard written before the draft vocabulary was counted); "
+                    f"rerun its extraction, which finds its rows done and writes it: {shard.finish_command()}"
+                ) from None
 
 
 def arrow_features() -> Any:
