@@ -1,6 +1,8 @@
 """``POST /generate`` with decoding, as SGLang 0.5.23 takes it, and the server's identity.
 
-Request (``GenerateReqInput``; ``SamplingParams`` in ``sglang/srt/sampling/sampling_params.py``)::
+The shapes are ``contract/generate.py``'s ``GenerationRequest`` / ``SamplingParams`` / ``GenerationAnswer``,
+which the embedded server parses and answers too. Request (SGLang's ``GenerateReqInput``; ``SamplingParams``
+in ``sglang/srt/sampling/sampling_params.py``)::
 
     {"input_ids": [...], "rid": "regen-...", "sampling_params": {"max_new_tokens": N, "temperature": T,
      "top_p": P, "top_k": K, "stop_token_ids": [...], "sampling_seed": S?}}
@@ -28,7 +30,15 @@ from typing import Any
 
 import httpx
 
-from hsextract.contract.generate import GENERATE_PATH, MODEL_INFO_PATH, SERVER_INFO_PATHS, error_message, is_duplicate_rid
+from hsextract.contract.generate import (
+    GENERATE_PATH,
+    MODEL_INFO_PATH,
+    SERVER_INFO_PATHS,
+    GenerationAnswer,
+    GenerationRequest,
+    error_message,
+    is_duplicate_rid,
+)
 from hsextract.errors import BadRequestError, ServerUnreachableError, TransientServerError, WrongServerError
 from hsextract.extract.client import ServerClient
 from hsextract.extract.http_threads import RequestsCancelled, ThreadedHTTP
@@ -46,54 +56,19 @@ def make_rid(run: str, row: int, turn: int, attempt: int) -> str:
 
 
 @dataclass(frozen=True)
-class DecodeRequest:
-    rid: str
-    input_ids: list[int]
-    max_new_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-    stop_token_ids: list[int]
-    seed: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        params: dict[str, Any] = {
-            "max_new_tokens": self.max_new_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "stop_token_ids": self.stop_token_ids,
-        }
-        if self.seed is not None:
-            params["sampling_seed"] = self.seed
-        return {"input_ids": self.input_ids, "rid": self.rid, "sampling_params": params}
-
-
-@dataclass(frozen=True)
 class DecodeAnswer:
+    """What a regeneration reads of a :class:`~hsextract.contract.generate.GenerationAnswer`."""
+
     output_ids: list[int]
     finish_reason: str  # "stop" or "length"
     prompt_tokens: int | None
 
-    @classmethod
-    def parse(cls, body: Any) -> DecodeAnswer | dict[str, Any] | None:
-        """The answer; the finish reason's dict when it is an abort; None when the body is not an answer."""
-        if isinstance(body, list) and len(body) == 1:
-            body = body[0]
-        if not isinstance(body, dict):
-            return None
-        ids = body.get("output_ids")
-        meta = body.get("meta_info")
-        if not isinstance(ids, list) or any(type(i) is not int for i in ids) or not isinstance(meta, dict):
-            return None
-        reason = meta.get("finish_reason")
-        kind = reason.get("type") if isinstance(reason, dict) else reason
-        if kind == "abort":
-            return reason if isinstance(reason, dict) else {"type": "abort"}
-        if kind not in ("stop", "length"):
-            return None
-        prompt = meta.get("prompt_tokens")
-        return cls(ids, str(kind), prompt if isinstance(prompt, int) else None)
+
+def _abort(body: Any) -> dict[str, Any] | None:
+    """The finish reason of an aborted request (SGLang's ``{"type": "abort", "message", "status_code"}``)."""
+    meta = body.get("meta_info") if isinstance(body, dict) else None
+    reason = meta.get("finish_reason") if isinstance(meta, dict) else None
+    return reason if isinstance(reason, dict) and reason.get("type") == "abort" else None
 
 
 def _json(response: httpx.Response) -> Any:
@@ -149,7 +124,7 @@ class GenerateClient:
                 break
         return info
 
-    def generate(self, request: DecodeRequest) -> DecodeAnswer:
+    def generate(self, request: GenerationRequest) -> DecodeAnswer:
         """Send one request and wait for its answer; raises what the answer means (module docstring)."""
         body = request.to_json()
 
@@ -175,18 +150,22 @@ class GenerateClient:
             raise BadRequestError(SERVER_REFUSED, f"the server refused the prompt with HTTP 400: {response.text[:300]}")
         if status != 200:
             raise self._wrong(GENERATE_PATH, response, "expected 200, a 400 refusing the prompt, or a retryable error")
-        answer = DecodeAnswer.parse(decoded)
-        if answer is None:
-            raise self._wrong(
-                GENERATE_PATH, response, "expected output_ids and meta_info.finish_reason (stop or length) in a JSON object"
-            )
-        if isinstance(answer, dict):  # an abort
-            message = str(answer.get("message") or "aborted")
-            if answer.get("status_code") == 400:
+        if isinstance(decoded, list) and len(decoded) == 1:
+            decoded = decoded[0]
+        abort = _abort(decoded)
+        if abort is not None:
+            message = str(abort.get("message") or "aborted")
+            if abort.get("status_code") == 400:
                 raise BadRequestError(SERVER_REFUSED, f"the server aborted the request as bad (400): {message}")
             raise TransientServerError(f"the server aborted {rid}: {message}")
-        if answer.prompt_tokens is not None and answer.prompt_tokens != len(request.input_ids):
+        answer = GenerationAnswer.parse(decoded)
+        if answer is None or answer.finish_reason.type not in ("stop", "length"):
+            raise self._wrong(
+                GENERATE_PATH, response, "expected output_ids and meta_info (id, prompt_tokens, finish_reason stop or "
+                "length) in a JSON object"
+            )
+        if answer.prompt_tokens != len(request.input_ids):
             raise TransientServerError(
                 f"the server says {rid} had {answer.prompt_tokens} prompt tokens, {len(request.input_ids)} were sent"
             )
-        return answer
+        return DecodeAnswer(answer.output_ids, answer.finish_reason.type, answer.prompt_tokens)

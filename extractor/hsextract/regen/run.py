@@ -24,12 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from hsextract import __version__
+from hsextract.contract.generate import GenerationRequest, SamplingParams
 from hsextract.contract.model_fingerprint import model_fingerprint
 from hsextract.errors import BadRequestError, ConfigError, ServerError, ServerUnreachableError, TransientServerError
 from hsextract.prepare.conversation import BadRow
 from hsextract.prepare.model_tokenizer import load_model_tokenizer
 from hsextract.prepare.readers import open_input
-from hsextract.regen.client import RID_PREFIX, SERVER_REFUSED, DecodeAnswer, DecodeRequest, GenerateClient, make_rid
+from hsextract.regen.client import RID_PREFIX, SERVER_REFUSED, DecodeAnswer, GenerateClient, make_rid
 from hsextract.regen.config import RegenerateConfig
 from hsextract.regen.conversation import TRUNCATED, Regenerated, regenerate_row, turn_seed
 from hsextract.regen.journal import FAILED, OK, SKIPPED, Journal, RegenIdentity
@@ -162,7 +163,8 @@ class Regeneration:
         embedded server without generation, a prefill-only endpoint) stops the run here, not row by row."""
         assert self.client is not None
         prompt = prompter.prompt_ids([{"role": "user", "content": "hello"}], None)
-        request = DecodeRequest(f"{RID_PREFIX}-{self.run_token}-probe-0", prompt, 1, 0.0, 1.0, -1, prompter.stop_ids)
+        sampling = SamplingParams(max_new_tokens=1, temperature=0.0, stop_token_ids=tuple(prompter.stop_ids))
+        request = GenerationRequest(f"{RID_PREFIX}-{self.run_token}-probe-0", prompt, sampling)
         for attempt in range(self.config.max_attempts):
             try:
                 self.client.generate(request)
@@ -203,13 +205,14 @@ class Regeneration:
         assert self.client is not None
         config = self.config
         seed = None if config.seed is None else turn_seed(config.seed, row, turn)
+        sampling = SamplingParams(config.max_new_tokens, config.temperature, config.top_p, config.top_k,
+                                  tuple(prompter.stop_ids), seed)
         attempt = failures = 0
         while True:
             if self.stop.is_set():
                 raise _Stopping
             attempt += 1
-            request = DecodeRequest(make_rid(self.run_token, row, turn, attempt), prompt, config.max_new_tokens,
-                                    config.temperature, config.top_p, config.top_k, prompter.stop_ids, seed)
+            request = GenerationRequest(make_rid(self.run_token, row, turn, attempt), prompt, sampling)
             self.metrics.inflight.inc()
             started = time.monotonic()
             try:
