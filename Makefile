@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 WORK ?= work
 PYTEST_ARGS ?=
 
-.PHONY: help setup setup-sglang setup-trainers extract test test-fast test-docker lint bench bench-gpu bench-gpu-e2e clean
+.PHONY: help setup setup-sglang setup-trainers extract pipeline test test-fast test-docker lint bench bench-gpu bench-gpu-e2e clean
 
 # Deployment (Ansible) and monitoring targets live in their own files.
 include $(wildcard mk/*.mk)
@@ -49,6 +49,10 @@ ifeq ($(HSX_INVENTORY_CONFIGURED),yes)
 else
 	WORK=$(WORK) scripts/run-default.sh
 endif
+
+pipeline: setup  ## regenerate -> prepare -> extract -> verify from PIPELINE_CONFIG (YAML, a section per step: docs/regenerate.md); each step resumes or is skipped when complete
+	@test -n "$(PIPELINE_CONFIG)" || { echo "give PIPELINE_CONFIG=FILE (sections regenerate, prepare, extract: docs/regenerate.md)" >&2; exit 2; }
+	$(BIN)/hsextract pipeline --config $(PIPELINE_CONFIG)
 
 test: setup setup-sglang setup-trainers setup-ansible monitoring-deps  ## everything: package and monitoring tests, SGLang contract, the live SGLang server on the CPU, the trainers' own loaders, LXC deployment, Docker image
 	$(BIN)/python -m pytest $(PYTEST_ARGS) --ignore=tests/sglang_contract --ignore=tests/sglang_live --ignore=tests/trainers --ignore=tests/deploy tests

@@ -46,7 +46,7 @@ def test_bad_requests_get_400_and_the_server_stays_healthy(model_dir, start_serv
         {"input_ids": [], "sampling_params": {"max_new_tokens": 0}},
         {"input_ids": [1, 5000], "sampling_params": {"max_new_tokens": 0}},
         {"input_ids": [1, -1], "sampling_params": {"max_new_tokens": 0}},
-        {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 8}},
+        {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": -1}},
         {"text": "hello"},
         [1, 2],
     ):

@@ -22,11 +22,11 @@ from hsextract.capture.sglang.config import SGLangLaunchConfig
 from hsextract.config import add_config_arguments, load_config
 from hsextract.contract.states import RunStatus
 from hsextract.errors import ConfigError, HsextractError
+from hsextract.exit_codes import EXIT_CONFIG, EXIT_FATAL, EXIT_INCOMPLETE, EXIT_INTERRUPTED
 from hsextract.extract.config import ExtractConfig
 
 log = logging.getLogger("hsextract")
 
-EXIT_FATAL, EXIT_CONFIG, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 1, 2, 3, 130
 
 
 def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
@@ -158,6 +158,47 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
         f"  next: hsextract extract --dataset {summary.output} --format {summary.like} ..."
     )
     return 0
+
+
+def _cmd_regenerate(args: argparse.Namespace) -> int:
+    from hsextract.regen import RegenerateConfig, Regeneration
+    from hsextract.regen.run import ALREADY_COMPLETE, COMPLETE, INTERRUPTED
+
+    config: RegenerateConfig = load_config(RegenerateConfig, args)
+    regeneration = Regeneration(config)
+
+    def stop(signum: int, _frame: object) -> None:
+        regeneration.request_stop(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    summary = regeneration.run()
+    counts = summary.counts
+    failed = ", ".join(f"{r} {n}" for r, n in counts.get("failed_by_reason", {}).items()) or "none"
+    print(
+        f"\n{summary.status.upper()}: {summary.output} (model {summary.model})\n"
+        f"  input rows {counts.get('rows_in')}: ok {counts.get('ok')}, failed {counts.get('failed')} ({failed}), "
+        f"skipped {counts.get('skipped')}; {summary.resumed} were done by an earlier run\n"
+        f"  {counts.get('turns_regenerated')} turns, {counts.get('generated_tokens')} tokens generated, "
+        f"{counts.get('truncated_turns')} turns cut at --max-new-tokens {config.max_new_tokens}\n"
+        f"  took {summary.seconds:.1f} s; "
+        + (f"errors.jsonl and summary.json in {summary.journal}" if summary.status in (COMPLETE, ALREADY_COMPLETE)
+           else f"progress kept in {summary.journal}/rows.jsonl")
+    )
+    if summary.status in (COMPLETE, ALREADY_COMPLETE):
+        print(f"  next: hsextract prepare --dataset {summary.output} --model ... --output ...")
+        return 0
+    if summary.status == INTERRUPTED:
+        print(summary.stop_reason, file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print("some rows failed on server errors (retryable); rerun the same command to retry them", file=sys.stderr)
+    return EXIT_INCOMPLETE
+
+
+def _cmd_pipeline(args: argparse.Namespace) -> int:
+    from hsextract.pipeline import load_pipeline, run_pipeline
+
+    return run_pipeline(load_pipeline(args.config))
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -316,6 +357,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_config_arguments(prepare, PrepareConfig)
     prepare.set_defaults(func=_cmd_prepare)
+
+    from hsextract.regen.config import RegenerateConfig
+
+    regenerate = sub.add_parser(
+        "regenerate",
+        help="answer every assistant turn again with the served target model (before prepare)",
+        description="Replace each assistant turn (or the last) of ShareGPT or messages conversations by the served "
+        "model's answer to the history before it: the prompt rendered with the model's chat template as prepare "
+        "renders it, sent as input_ids to /generate (SGLang or hsextract serve), the answer decoded here. Output in "
+        "the input's schema with per-row metadata; resumable after a kill (OUTPUT.journal/). --reasoning defaults to "
+        "keep: the drafter is trained to predict what the target emits, thinking included. See docs/regenerate.md.",
+    )
+    add_config_arguments(regenerate, RegenerateConfig)
+    regenerate.set_defaults(func=_cmd_regenerate)
+
+    pipeline = sub.add_parser(
+        "pipeline",
+        help="regenerate -> prepare -> extract -> verify from one YAML file (a section per step)",
+        description="Run hsextract regenerate (optional), prepare, extract and verify with the options of the "
+        "config's regenerate, prepare and extract sections; each step resumes, one already complete is skipped, "
+        "and the output's data_config.json records the sources (regenerating model and parameters, prepare "
+        "provenance). See docs/regenerate.md.",
+    )
+    pipeline.add_argument("--config", type=Path, required=True, help="YAML file: sections regenerate, prepare, extract")
+    pipeline.set_defaults(func=_cmd_pipeline)
 
     launcher = sub.add_parser(
         "launch-sglang",

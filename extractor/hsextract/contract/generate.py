@@ -1,4 +1,5 @@
-"""``POST /generate``: the one request the extractor sends and the answer it reads, and the routes.
+"""``POST /generate``: the one request the extractor sends and the answer it reads, the generation
+request and answer (``max_new_tokens > 0``: :class:`GenerationRequest`, :class:`GenerationAnswer`), and the routes.
 
 The client (:mod:`hsextract.extract.client`), the embedded server
 (:mod:`hsextract.capture.front.http`) and the tests all build and read these messages here, so
@@ -10,6 +11,7 @@ reads, and :data:`STORAGE_KEY` (``"float8_e4m3fn"``), that only a server saying 
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -64,7 +66,10 @@ class GenerateRequest:
             raise BadRequestError("out_of_vocab", f"input_ids must lie in [0, {vocab_size}): got {min(ids)}..{max(ids)}")
         params = body.get("sampling_params") or {}
         if not isinstance(params, dict) or params.get("max_new_tokens", 0) != 0:
-            raise BadRequestError("decode_requested", "this server only prefills: set sampling_params.max_new_tokens to 0")
+            raise BadRequestError(
+                "decode_requested",
+                "sampling_params.max_new_tokens must be 0 (extraction) or a positive integer (generation, GenerationRequest)",
+            )
         rid = body.get("rid")
         if rid is None:
             rid = uuid.uuid4().hex
@@ -127,6 +132,280 @@ class GenerateAnswer:
             tokens if isinstance(tokens, int) else None,
             float(latency) if isinstance(latency, (int, float)) else None,
         )
+
+
+# -- generation (``max_new_tokens > 0``) ----------------------------------------------------------------
+#: SGLang's ``sampling_params`` keys this contract sends and the embedded server honours
+SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "sampling_seed", "ignore_eos")
+#: SGLang keys the embedded server accepts only at their no-op value (any other value is refused: 400)
+NEUTRAL_SAMPLING = {
+    "min_p": 0.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_new_tokens": 0,
+    "n": 1,
+    "stop": None,
+    "stop_regex": None,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "no_stop_trim": False,
+    "logit_bias": None,
+}
+_SAMPLING_EPS = 1e-6  # SGLang's: a temperature below it is greedy
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """SGLang's ``sampling_params`` for a decoding request (its defaults, ``sampling/sampling_params.py``).
+
+    ``temperature`` 0 (below 1e-6) is greedy, as SGLang reads it (top-k 1). ``seed`` travels as SGLang's
+    ``sampling_seed``; SGLang 0.5.23 honours it only under ``--enable-deterministic-inference``, the embedded
+    server always (a per-request generator: the same seed gives the same tokens whatever is batched with it).
+    Generation stops at ``stop_token_ids`` and the model's eos ids (config.json and generation_config.json)
+    unless ``ignore_eos``; the stop token is the last of ``output_ids``.
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: the whole vocabulary
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < _SAMPLING_EPS or self.top_k == 1
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature}
+        if self.top_p != 1.0:
+            body["top_p"] = self.top_p
+        if self.top_k != -1:
+            body["top_k"] = self.top_k
+        if self.stop_token_ids:
+            body["stop_token_ids"] = list(self.stop_token_ids)
+        if self.seed is not None:
+            body["sampling_seed"] = self.seed
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+        return body
+
+    @classmethod
+    def parse(cls, params: Any, vocab_size: int) -> SamplingParams:
+        """The parameters a server honours, or :class:`BadRequestError` naming the key (HTTP 400)."""
+        if not isinstance(params, dict):
+            raise BadRequestError("bad_sampling_params", "sampling_params must be a JSON object")
+        for key, value in params.items():
+            if key in SAMPLING_KEYS:
+                continue
+            if key not in NEUTRAL_SAMPLING:
+                raise BadRequestError(
+                    "bad_sampling_params", f"sampling_params.{key} is not supported here; send only {', '.join(SAMPLING_KEYS)}"
+                )
+            neutral = NEUTRAL_SAMPLING[key]
+            if value is not None and value != neutral and not (key in ("stop", "stop_regex") and value in ([], "")):
+                raise BadRequestError(
+                    "bad_sampling_params",
+                    f"sampling_params.{key}={value!r} is not supported here: leave it out or send {neutral!r}",
+                )
+
+        def number(key: str, default: float) -> float:
+            value = params.get(key)
+            if value is None:
+                return default
+            if type(value) not in (int, float) or not math.isfinite(value):
+                raise BadRequestError("bad_sampling_params", f"sampling_params.{key} must be a finite number, got {value!r}")
+            return float(value)
+
+        def integer(key: str, default: int) -> int:
+            value = params.get(key)
+            if value is None:
+                return default
+            if type(value) is not int:
+                raise BadRequestError("bad_sampling_params", f"sampling_params.{key} must be an integer, got {value!r}")
+            return value
+
+        max_new = integer("max_new_tokens", 128)
+        temperature, top_p, top_k = number("temperature", 1.0), number("top_p", 1.0), integer("top_k", -1)
+        if max_new < 0:
+            raise BadRequestError("bad_sampling_params", f"sampling_params.max_new_tokens must be at least 0, got {max_new}")
+        if temperature < 0:
+            raise BadRequestError("bad_sampling_params", f"sampling_params.temperature must be at least 0, got {temperature:g}")
+        if not 0 < top_p <= 1:
+            raise BadRequestError("bad_sampling_params", f"sampling_params.top_p must be in (0, 1], got {top_p:g}")
+        if top_k != -1 and top_k < 1:
+            raise BadRequestError("bad_sampling_params", f"sampling_params.top_k must be -1 (off) or at least 1, got {top_k}")
+        stops = params.get("stop_token_ids") or []
+        if not isinstance(stops, list) or any(type(t) is not int or not 0 <= t < vocab_size for t in stops):
+            raise BadRequestError(
+                "bad_sampling_params", f"sampling_params.stop_token_ids must be a list of token ids in [0, {vocab_size})"
+            )
+        seed = params.get("sampling_seed")
+        if seed is not None and type(seed) is not int:
+            raise BadRequestError("bad_sampling_params", f"sampling_params.sampling_seed must be an integer, got {seed!r}")
+        ignore_eos = params.get("ignore_eos", False)
+        if not isinstance(ignore_eos, bool):
+            raise BadRequestError("bad_sampling_params", "sampling_params.ignore_eos must be true or false")
+        if temperature < _SAMPLING_EPS:  # SGLang: greedy is top-k 1
+            temperature, top_k = 0.0, 1
+        return cls(max_new, temperature, top_p, top_k, tuple(sorted(set(stops))), seed, ignore_eos)
+
+
+def wants_decoding(body: Any) -> bool:
+    """Whether a ``/generate`` body asks for generated tokens (else it is an extraction prefill)."""
+    if not isinstance(body, dict):
+        return False
+    params = body.get("sampling_params")
+    every = params if isinstance(params, list) else [params]
+    return any(isinstance(p, dict) and type(p.get("max_new_tokens")) is int and p["max_new_tokens"] > 0 for p in every)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt to decode from: ``/generate`` with ``input_ids`` and ``max_new_tokens > 0``.
+
+    A batch (SGLang's list of lists of ``input_ids``, one ``sampling_params`` or a list of them, ``rid``
+    a list, a prefix that becomes ``<rid>_<i>``, or absent) is :meth:`parse_batch`'s list; its answer is a
+    list in the same order.
+    """
+
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams = SamplingParams()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"input_ids": self.input_ids, "rid": self.rid, "sampling_params": self.sampling.to_json()}
+
+    @staticmethod
+    def batch_json(requests: list[GenerationRequest]) -> dict[str, Any]:
+        """One body for several prompts (SGLang's batched form); answered by a list."""
+        return {
+            "input_ids": [r.input_ids for r in requests],
+            "rid": [r.rid for r in requests],
+            "sampling_params": [r.sampling.to_json() for r in requests],
+        }
+
+    @classmethod
+    def parse_batch(cls, body: Any, vocab_size: int) -> tuple[list[GenerationRequest], bool]:
+        """The requests of a body and whether it was batched (then the answer is a list)."""
+        if not isinstance(body, dict):
+            raise BadRequestError("not_an_object", "request body must be a JSON object")
+        if body.get("input_ids") is None and body.get("text") is not None:
+            raise BadRequestError("no_input_ids", "this server takes input_ids only, no text")
+        ids = body.get("input_ids")
+        batched = isinstance(ids, list) and bool(ids) and all(isinstance(p, list) for p in ids)
+        prompts: list[Any] = ids if batched else [ids]  # type: ignore[assignment]
+        for prompt in prompts:
+            if not isinstance(prompt, list) or not prompt:
+                raise BadRequestError("no_input_ids", "input_ids must be a non-empty list of token ids (or a list of them)")
+            if any(type(i) is not int for i in prompt):
+                raise BadRequestError("non_integer_ids", "input_ids must hold integers only")
+            if min(prompt) < 0 or max(prompt) >= vocab_size:
+                raise BadRequestError(
+                    "out_of_vocab", f"input_ids must lie in [0, {vocab_size}): got {min(prompt)}..{max(prompt)}"
+                )
+        count = len(prompts)
+        params = body.get("sampling_params") or {}
+        if isinstance(params, list):
+            if len(params) != count:
+                raise BadRequestError("bad_sampling_params", f"{len(params)} sampling_params for {count} prompts")
+            sampling = [SamplingParams.parse(p, vocab_size) for p in params]
+        else:
+            sampling = [SamplingParams.parse(params, vocab_size)] * count
+        rid = body.get("rid")
+        if rid is None:
+            rids = [uuid.uuid4().hex for _ in range(count)]
+        elif isinstance(rid, str):
+            rids = [f"{rid}_{i}" for i in range(count)] if batched else [rid]
+        elif isinstance(rid, list) and batched and all(isinstance(r, str) for r in rid):
+            if len(rid) != count:
+                raise BadRequestError("bad_rid", f"{len(rid)} rids for {count} prompts")
+            rids = rid
+        else:
+            raise BadRequestError("bad_rid", "rid must be a string (or, for a batch, a list of strings)")
+        if len(set(rids)) != len(rids):
+            raise BadRequestError("bad_rid", "the rids of a batch must be distinct")
+        for key in (FINAL_PRENORM_KEY, STORAGE_KEY):
+            if body.get(key):
+                raise BadRequestError("bad_request", f"{key} applies to extraction (max_new_tokens 0) only")
+        return [cls(r, p, s) for r, p, s in zip(rids, prompts, sampling, strict=True)], batched
+
+
+@dataclass(frozen=True)
+class FinishReason:
+    """SGLang's ``meta_info.finish_reason``: ``{"type": "stop", "matched": <token id>}`` or
+    ``{"type": "length", "length": <max_new_tokens>}``."""
+
+    type: str  # "stop" | "length" | "abort"
+    matched: int | None = None
+    length: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        if self.type == "stop":
+            return {"type": "stop", "matched": self.matched}
+        if self.type == "length":
+            return {"type": "length", "length": self.length}
+        return {"type": self.type}
+
+    @classmethod
+    def parse(cls, body: Any) -> FinishReason | None:
+        if not isinstance(body, dict) or not isinstance(body.get("type"), str):
+            return None
+        matched, length = body.get("matched"), body.get("length")
+        return cls(body["type"], matched if type(matched) is int else None, length if type(length) is int else None)
+
+
+@dataclass(frozen=True)
+class GenerationAnswer:
+    """The answer to one :class:`GenerationRequest`, as SGLang gives it under ``--skip-tokenizer-init``
+    (``output_ids`` hold the generated tokens, the matched stop token included)."""
+
+    rid: str
+    output_ids: list[int]
+    finish_reason: FinishReason
+    prompt_tokens: int
+    e2e_latency: float | None = None
+
+    @property
+    def truncated(self) -> bool:
+        """Cut by ``max_new_tokens`` rather than ended by a stop token."""
+        return self.finish_reason.type == "length"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "output_ids": self.output_ids,
+            "meta_info": {
+                "id": self.rid,
+                "finish_reason": self.finish_reason.to_json(),
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": len(self.output_ids),
+                "cached_tokens": 0,
+                "e2e_latency": self.e2e_latency,
+            },
+        }
+
+    @classmethod
+    def parse(cls, body: Any) -> GenerationAnswer | None:
+        """One answer object (SGLang's or the embedded server's), None when ``body`` is not one."""
+        if not isinstance(body, dict):
+            return None
+        ids, meta = body.get("output_ids"), body.get("meta_info")
+        if not isinstance(ids, list) or any(type(i) is not int for i in ids) or not isinstance(meta, dict):
+            return None
+        finish = FinishReason.parse(meta.get("finish_reason"))
+        rid, prompt_tokens, latency = meta.get("id"), meta.get("prompt_tokens"), meta.get("e2e_latency")
+        if finish is None or not isinstance(rid, str) or type(prompt_tokens) is not int:
+            return None
+        return cls(rid, ids, finish, prompt_tokens, float(latency) if isinstance(latency, (int, float)) else None)
+
+    @classmethod
+    def parse_list(cls, body: Any) -> list[GenerationAnswer] | None:
+        """The answers of a batched (list) or single (object) body, None when any is not one."""
+        items = body if isinstance(body, list) else [body]
+        answers = [cls.parse(item) for item in items]
+        return None if any(a is None for a in answers) else [a for a in answers if a is not None]
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:

@@ -105,6 +105,9 @@ class DataConfig(_Record):
     merged_at: str | None = None
     merged_from: list[dict[str, Any]] | None = None
     merge_files: dict[str, int] | None = None
+    # -- hsextract pipeline only: where the dataset's rows came from (hsextract/pipeline.py) ------------
+    #: {"regenerate": {output, identity, server, counts}, "prepare": {output, settings, counts, ...}}
+    sources: dict[str, Any] | None = None
 
     @property
     def complete(self) -> bool:
@@ -152,3 +155,12 @@ def previous_data_config(output: Path) -> DataConfig | None:
 
 def write_data_config(output: Path, data: DataConfig) -> None:
     atomic_write_bytes(Path(output) / DATA_CONFIG_FILE, (json.dumps(data.to_json(), indent=2) + "\n").encode())
+
+
+def record_sources(output: Path, sources: dict[str, Any]) -> None:
+    """Set ``sources`` in a written data_config.json (atomically); the rest of it stays as it is."""
+    config = read_data_config(output)
+    if config is None:
+        raise OutputError(f"{output} has no data_config.json to record the sources in; run the extraction first")
+    config.sources = sources
+    write_data_config(output, config)

@@ -34,6 +34,12 @@ class ServeConfig(StrictConfig):
     batch_window: int = Field(
         1024, gt=0, description="oldest waiting prompts a batch is chosen from (length-sorted around the oldest)"
     )
+    max_total_tokens: int = Field(
+        32768,
+        gt=1,
+        description="KV token budget of generation (max_new_tokens > 0), padding included: requests beyond it wait",
+    )
+    max_running_requests: int = Field(128, gt=0, description="generation requests decoding together at most")
 
     @field_validator("chunked_prefill_size")
     @classmethod

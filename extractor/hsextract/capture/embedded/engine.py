@@ -38,12 +38,13 @@ from hsextract import __version__
 from hsextract.capture.dump_sink import DumpSink, ExtendBatch, Fp8Rows, Segment
 from hsextract.capture.embedded.batching import padded_tokens, pick_batch
 from hsextract.capture.embedded.config import ServeConfig
+from hsextract.capture.embedded.decode import DecodeScheduler
 from hsextract.capture.pinned import HostCopier
 from hsextract.capture.stages import StageClock
 from hsextract.contract.dump_dir import prepare_dump_root
 from hsextract.contract.dumps import DumpSource
 from hsextract.contract.fp8 import quantize_per_token
-from hsextract.contract.generate import GenerateAnswer
+from hsextract.contract.generate import GenerateAnswer, GenerationAnswer, GenerationRequest
 from hsextract.contract.layers import capture_indices, resolve_aux_layer_ids
 from hsextract.contract.model_fingerprint import model_fingerprint
 from hsextract.contract.server_info import ServerInfo
@@ -141,9 +142,19 @@ class Engine:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="hsextract-scheduler", daemon=True)
         self._thread.start()
+        # generation (max_new_tokens > 0): its own scheduler thread on the same model (capture/embedded/decode.py)
+        self.decoder = DecodeScheduler(
+            self.model,
+            self.device,
+            config.max_total_tokens,
+            config.max_running_requests,
+            self.max_batch_tokens,
+            registry=self.clock.registry,
+        )
 
     def _grab_prenorm(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
-        self._prenorm = args[0]
+        if threading.current_thread() is self._thread:  # not the decode thread's forwards
+            self._prenorm = args[0]
 
     def _dump_source(self) -> DumpSource:
         return DumpSource(
@@ -189,6 +200,9 @@ class Engine:
             "max_batch_tokens": self.max_batch_tokens,
             "batch_window": self.batch_window,
             "disable_radix_cache": True,
+            "max_total_tokens": self.decoder.max_total_tokens,
+            "max_running_requests": self.decoder.max_running_requests,
+            "context_length": self.decoder.context_length,
         }
 
     @property
@@ -204,7 +218,12 @@ class Engine:
         self._inbox.put(request)
         return request.future
 
+    def generate(self, requests: list[GenerationRequest]) -> list[Future[GenerationAnswer]]:
+        """Queue prompts to decode from (never dumped); BadRequestError names a rid that cannot run."""
+        return self.decoder.submit(requests)
+
     def shutdown(self) -> None:
+        self.decoder.shutdown()
         self._stop.set()
         self._inbox.put(None)
         self._thread.join()

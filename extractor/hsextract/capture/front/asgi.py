@@ -39,6 +39,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from hsextract.capture.front.generate_route import answer_generation
 from hsextract.capture.front.protocol import ServedEngine
 from hsextract.contract.generate import (
     GENERATE_PATH,
@@ -51,6 +52,7 @@ from hsextract.contract.generate import (
     GenerateRequest,
     duplicate_rid_message,
     error_body,
+    wants_decoding,
 )
 from hsextract.errors import BadRequestError
 
@@ -130,7 +132,10 @@ class _Routes:
         except ClientDisconnect:
             return Response(status_code=400)  # the client left in the middle of its body: nobody reads this
         try:
-            parsed = GenerateRequest.parse(json.loads(data or b"null"), self.engine.vocab_size)
+            body = json.loads(data or b"null")
+            if wants_decoding(body):  # max_new_tokens > 0: the decode scheduler (generate_route.py)
+                return await answer_generation(self.engine, body, self.drain, self._hold, self._let_go, GENERATE_TIMEOUT_S)
+            parsed = GenerateRequest.parse(body, self.engine.vocab_size)
         except (ValueError, BadRequestError) as exc:  # ValueError: not JSON, not UTF-8
             return _error(400, str(exc))
         if not self._hold(parsed.rid):

@@ -1,0 +1,80 @@
+"""``POST /generate`` with ``max_new_tokens > 0``: parse, hand to the engine's decode scheduler, answer.
+
+The answer is SGLang's under ``--skip-tokenizer-init``: one object per prompt (a list for a batched
+body), ``output_ids`` and ``meta_info`` (``id``, ``finish_reason``, ``prompt_tokens``,
+``completion_tokens``, ``cached_tokens``, ``e2e_latency``). 400 names what is wrong (a prompt past the
+context: its rid), 500 a failed forward, 503 a timeout or a shutdown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, Protocol, runtime_checkable
+
+from starlette.responses import JSONResponse, Response
+
+from hsextract.contract.generate import GenerationAnswer, GenerationRequest, duplicate_rid_message, error_body
+from hsextract.errors import BadRequestError
+
+
+@runtime_checkable
+class GeneratingEngine(Protocol):
+    vocab_size: int
+
+    def generate(self, requests: list[GenerationRequest]) -> list[Future[GenerationAnswer]]: ...
+
+
+class Waiter(Protocol):
+    """:class:`~hsextract.capture.front.asgi.Drain`: the wait that ends at a timeout or shutdown."""
+
+    grace_s: float
+
+    async def wait(self, future: Future[Any], timeout: float) -> Any: ...
+
+
+def _releaser(let_go: Callable[[str], None], rid: str) -> Callable[[Future[GenerationAnswer]], None]:
+    return lambda _: let_go(rid)
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse(error_body(status, message), status_code=status)
+
+
+async def answer_generation(
+    engine: object, body: Any, drain: Waiter, hold: Callable[[str], bool], let_go: Callable[[str], None], timeout_s: float
+) -> Response:
+    """The response to a decoding ``/generate`` body; ``hold``/``let_go`` keep its rids unique while it runs."""
+    if not isinstance(engine, GeneratingEngine):
+        return _error(400, "this server does not decode: send sampling_params.max_new_tokens 0")
+    try:
+        requests, batched = GenerationRequest.parse_batch(body, engine.vocab_size)
+    except BadRequestError as exc:
+        return _error(400, str(exc))
+    held: list[str] = []
+    for request in requests:
+        if not hold(request.rid):
+            for rid in held:
+                let_go(rid)
+            return _error(400, duplicate_rid_message(request.rid))
+        held.append(request.rid)
+    try:
+        futures = engine.generate(requests)
+    except BadRequestError as exc:
+        for rid in held:
+            let_go(rid)
+        return _error(400, str(exc))
+    for request, future in zip(requests, futures, strict=True):
+        future.add_done_callback(_releaser(let_go, request.rid))
+    answers: list[dict[str, Any]] = []
+    for request, future in zip(requests, futures, strict=True):
+        try:
+            answer: GenerationAnswer = await drain.wait(future, timeout_s)
+        except TimeoutError:
+            return _error(503, f"request {request.rid} timed out in the embedded server")
+        except Exception as exc:
+            if type(exc).__name__ == "ShuttingDown":
+                return _error(503, f"server shutting down: request {request.rid} was not finished; send it again")
+            return _error(500, f"decode failed for {request.rid}: {type(exc).__name__}: {exc}")
+        answers.append(answer.to_json())
+    return JSONResponse(answers if batched else answers[0])

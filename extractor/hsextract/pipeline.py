@@ -1,0 +1,142 @@
+"""``hsextract pipeline --config FILE``: regenerate -> prepare -> extract -> verify, one YAML file.
+
+The file has one section per step, each holding that step's own options (the keys of
+``RegenerateConfig``, ``PrepareConfig``, ``ExtractConfig``)::
+
+    regenerate: {server: http://127.0.0.1:30000, dataset: conv.jsonl, output: work/regenerated.jsonl}
+    prepare: {model: /models/target, output: work/prepared}          # dataset: regenerate's output
+    extract: {server: http://127.0.0.1:30000, output: work/out}      # dataset: prepare's output
+    verify: true
+
+Every section is validated before the first step runs, so a typo in ``extract`` stops the pipeline
+before hours of regeneration. ``regenerate`` is optional (conversations used as they are). A step's
+``dataset`` defaults to the previous step's output and ``prepare.format`` to ``extract.format``. Each
+step resumes, and one already complete is skipped (regenerate: its ``summary.json`` with the section's
+sampling, turns, reasoning and input, without asking its server, which may be gone; prepare: its
+``prepare.json``; extract: a complete ``data_config.json``). At the end the output's
+``data_config.json`` gets ``sources``: the regenerating model and parameters and the prepare provenance.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError
+
+from hsextract.config import StrictConfig
+from hsextract.errors import ConfigError
+from hsextract.extract.config import ExtractConfig
+
+log = logging.getLogger(__name__)
+
+
+class PipelineConfig(StrictConfig):
+    """The sections of ``hsextract pipeline``'s YAML file."""
+
+    regenerate: dict[str, Any] | None = Field(None, description="hsextract regenerate's options (omit: no regeneration)")
+    prepare: dict[str, Any] = Field(description="hsextract prepare's options")
+    extract: dict[str, Any] = Field(description="hsextract extract's options")
+    verify: bool = Field(True, description="run hsextract verify on the output at the end")
+
+
+@dataclass
+class Steps:
+    regenerate: Any  # RegenerateConfig | None
+    prepare: Any  # PrepareConfig
+    extract: ExtractConfig
+    verify: bool
+
+
+def _section(model: type[StrictConfig], name: str, data: dict[str, Any], path: Path) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or name}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"{path} section {name}: {problems}; fix the section (its keys are hsextract {name}'s "
+                          "options)") from None
+
+
+def load_pipeline(path: Path) -> Steps:
+    """Every step's config, chained and validated, or ConfigError naming the section."""
+    from hsextract.prepare.config import PrepareConfig
+    from hsextract.regen.config import RegenerateConfig
+
+    try:
+        loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"pipeline config {path} does not exist; fix --config") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"pipeline config {path} is not valid YAML: {exc}") from None
+    config: PipelineConfig = _section(PipelineConfig, "pipeline", loaded if isinstance(loaded, dict) else {}, path)
+    regenerate = None
+    if config.regenerate is not None:
+        regenerate = _section(RegenerateConfig, "regenerate", config.regenerate, path)
+    prepare_data = dict(config.prepare)
+    if regenerate is not None:
+        prepare_data.setdefault("dataset", str(regenerate.output))
+    if "format" in config.extract:
+        prepare_data.setdefault("format", config.extract["format"])
+    prepare = _section(PrepareConfig, "prepare", prepare_data, path)
+    extract = _section(ExtractConfig, "extract", {"dataset": str(prepare.output), **config.extract}, path)
+    return Steps(regenerate, prepare, extract, config.verify)
+
+
+def sources(steps: Steps) -> dict[str, Any]:
+    """Where the output's rows came from: regenerate's summary (model, sampling, counts), prepare.json."""
+    from hsextract.prepare.provenance import read_provenance
+    from hsextract.regen.writer import read_summary
+
+    found: dict[str, Any] = {}
+    if steps.regenerate is not None:
+        summary = read_summary(steps.regenerate.journal_dir) or {}
+        found["regenerate"] = {"output": str(steps.regenerate.output), "identity": summary.get("identity"),
+                               "server": summary.get("server"), "counts": summary.get("counts")}
+    provenance = read_provenance(steps.prepare.output)
+    found["prepare"] = {"output": str(steps.prepare.output), **(provenance.to_json() if provenance else {})}
+    return found
+
+
+def run_pipeline(steps: Steps) -> int:
+    """Run the steps; the exit code of the first that did not complete, else 0 (verify: 1 on a bad output)."""
+    from hsextract.contract.states import RunStatus
+    from hsextract.exit_codes import EXIT_FATAL, EXIT_INCOMPLETE, EXIT_INTERRUPTED
+    from hsextract.extract.data_config import read_data_config, record_sources
+    from hsextract.extract.run import Extraction
+    from hsextract.extract.verify import verify_output
+    from hsextract.prepare.run import run_prepare
+    from hsextract.regen.run import ALREADY_COMPLETE, COMPLETE, INTERRUPTED, Regeneration, completed
+
+    if steps.regenerate is not None and completed(steps.regenerate) is not None:
+        log.info("pipeline: regenerate already complete with these settings (%s); not contacting its server",
+                 steps.regenerate.output)
+    elif steps.regenerate is not None:
+        summary = Regeneration(steps.regenerate).run()
+        log.info("pipeline: regenerate %s (%s)", summary.status, summary.output)
+        if summary.status not in (COMPLETE, ALREADY_COMPLETE):
+            return EXIT_INTERRUPTED if summary.status == INTERRUPTED else EXIT_INCOMPLETE
+    prepared = run_prepare(steps.prepare)
+    log.info("pipeline: prepare %s (%s)", "already complete" if prepared.already_complete else "complete",
+             prepared.output)
+    existing = read_data_config(steps.extract.output)
+    if existing is not None and existing.complete:
+        log.info("pipeline: extract already complete (%s)", steps.extract.output)
+    else:
+        result = Extraction(steps.extract).run()
+        log.info("pipeline: extract %s (%s)", result.status, steps.extract.output)
+        if result.status is not RunStatus.COMPLETE:
+            return {RunStatus.INTERRUPTED: EXIT_INTERRUPTED, RunStatus.INCOMPLETE: EXIT_INCOMPLETE}.get(
+                result.status, EXIT_FATAL)
+    record_sources(steps.extract.output, sources(steps))
+    if steps.verify:
+        report = verify_output(steps.extract.output)
+        print(report.summary())
+        if not report.ok:
+            return EXIT_FATAL
+    print(f"PIPELINE COMPLETE: {steps.extract.output} (data_config.json sources: "
+          f"{json.dumps(sorted(sources(steps)))})")
+    return 0

@@ -1,0 +1,47 @@
+"""Prometheus metrics of a regeneration run (prefix ``hsextract_regen_``; README "Metrics", dashboard row
+"Regeneration", runbook ``docs/runbooks/regeneration.md``)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+#: the ``status`` label values of ``hsextract_regen_rows_total``
+ROW_STATUSES = ("ok", "failed", "skipped", "resumed")
+#: the ``finish_reason`` label values of ``hsextract_regen_turns_total``
+FINISH_REASONS = ("stop", "length")
+
+
+class RegenMetrics:
+    """All metrics on one registry (pass a fresh one in tests)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.rows = Counter(
+            "hsextract_regen_rows", "Rows settled, by status (ok, failed, skipped, resumed)", ["status"], registry=r
+        )
+        self.turns = Counter(
+            "hsextract_regen_turns", "Assistant turns regenerated, by finish reason (stop, length)", ["finish_reason"],
+            registry=r,
+        )
+        self.generated_tokens = Counter("hsextract_regen_generated_tokens", "Tokens the server generated", registry=r)
+        self.prompt_tokens = Counter("hsextract_regen_prompt_tokens", "Prompt tokens sent", registry=r)
+        self.errors = Counter("hsextract_regen_errors", "Rows failed or skipped, by reason", ["reason"], registry=r)
+        self.retries = Counter("hsextract_regen_retries", "Requests retried after a transient server error", registry=r)
+        self.inflight = Gauge("hsextract_regen_inflight_requests", "/generate requests sent and not yet answered", registry=r)
+        self.planned = Gauge("hsextract_regen_rows_planned", "Input rows of this run", registry=r)
+        self.running = Gauge("hsextract_regen_running", "1 while a regeneration runs, 0 once it has finished", registry=r)
+        self.server_up = Gauge("hsextract_regen_server_up", "1 when the server answered the last request", registry=r)
+        self.request_seconds = Histogram(
+            "hsextract_regen_request_seconds",
+            "Seconds of one /generate request (one assistant turn)",
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800),
+            registry=r,
+        )
+        for status in ROW_STATUSES:
+            self.rows.labels(status)
+        for reason in FINISH_REASONS:
+            self.turns.labels(reason)
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        start_http_server(port, addr=host, registry=self.registry)

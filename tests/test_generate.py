@@ -1,0 +1,150 @@
+"""Generation through the real embedded HTTP server (a float32 tiny Llama) against transformers' generate."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+import transformers
+
+from hsextract.contract.generate import GenerationAnswer, GenerationRequest, SamplingParams
+from hsextract.contract.rids import make_rid
+
+PROMPT_LENGTHS = (5, 17, 9, 30, 3, 12, 21, 8)
+NEW_TOKENS = (12, 5, 16, 9, 14, 7, 11, 13)
+
+
+def _prompts() -> list[list[int]]:
+    generator = torch.Generator().manual_seed(0)
+    return [torch.randint(3, 1000, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
+
+
+@cache
+def _reference(model: Path, prompt: tuple[int, ...], new_tokens: int) -> list[int]:
+    hf = _hf(model)
+    ids = torch.tensor([prompt])
+    out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False)
+    return list(out[0, len(prompt) :].tolist())
+
+
+@cache
+def _hf(model: Path) -> Any:
+    return transformers.AutoModelForCausalLM.from_pretrained(model).eval()
+
+
+def _generate(url: str, request: GenerationRequest) -> GenerationAnswer:
+    response = httpx.post(url + "/generate", json=request.to_json(), timeout=120)
+    assert response.status_code == 200, response.text
+    (answer,) = GenerationAnswer.parse_list(response.json()) or []
+    assert answer.rid == request.rid
+    return answer
+
+
+def _all(url: str, requests: list[GenerationRequest]) -> list[GenerationAnswer]:
+    with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+        return list(pool.map(lambda r: _generate(url, r), requests))
+
+
+GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0)
+
+
+def test_greedy_equals_transformers_alone_and_batched(model_dir, start_server) -> None:
+    model = model_dir("llama")
+    server = start_server(model)
+    prompts = _prompts()
+    expected = [_reference(model, tuple(p), n) for p, n in zip(prompts, NEW_TOKENS, strict=True)]
+    alone = _generate(server.url, GenerationRequest("regen-0", prompts[0], SamplingParams(NEW_TOKENS[0], 0.0)))
+    assert alone.output_ids == expected[0] and alone.finish_reason.type == "length" and alone.prompt_tokens == 5
+    # a stop id taken from the middle of two references: those finish early, on it, with it last
+    stop = expected[2][4]
+    requests = [
+        GenerationRequest(f"regen-{i}", p, SamplingParams(n, 0.0, stop_token_ids=(stop,)))
+        for i, (p, n) in enumerate(zip(prompts, NEW_TOKENS, strict=True))
+    ]
+    answers = _all(server.url, requests)
+    early = 0
+    for answer, want in zip(answers, expected, strict=True):
+        if stop in want:
+            want = want[: want.index(stop) + 1]
+            early += 1
+            assert answer.finish_reason.type == "stop" and answer.finish_reason.matched == stop
+        assert answer.output_ids == want, answer.rid
+    assert early >= 1
+    # SGLang's batched body: one POST, a list of answers in order
+    body = GenerationRequest.batch_json(requests[:3])
+    listed = GenerationAnswer.parse_list(httpx.post(server.url + "/generate", json=body, timeout=120).json())
+    assert listed is not None and [a.output_ids for a in listed] == [a.output_ids for a in answers[:3]]
+    assert not list(server.dump_dir.iterdir())  # generation is never dumped
+
+
+def test_seeded_sampling_is_reproducible_alone_and_batched_and_top_k_1_is_greedy(model_dir, start_server) -> None:
+    model = model_dir("llama")
+    server = start_server(model)
+    prompts = _prompts()
+    seeded = SamplingParams(max_new_tokens=10, temperature=1.0, top_p=0.95, seed=7, ignore_eos=True)
+    first = _generate(server.url, GenerationRequest("s-alone", prompts[1], seeded)).output_ids
+    others = [
+        GenerationRequest(f"s-{i}", p, SamplingParams(max_new_tokens=10, temperature=0.9)) for i, p in enumerate(prompts[2:8])
+    ]
+    batched = _all(server.url, [GenerationRequest("s-batched", prompts[1], seeded), *others])
+    assert batched[0].output_ids == first and len(first) == 10
+    other_seed = _generate(
+        server.url, GenerationRequest("s-other", prompts[1], SamplingParams(10, 1.0, 0.95, seed=8, ignore_eos=True))
+    )
+    assert other_seed.output_ids != first
+    top1 = _generate(server.url, GenerationRequest("k1", prompts[3], SamplingParams(9, temperature=0.8, top_k=1)))
+    assert top1.output_ids == _reference(model, tuple(prompts[3]), 9)
+
+
+def test_a_small_token_budget_queues_requests_and_all_finish(model_dir, start_server) -> None:
+    model = model_dir("llama")
+    server = start_server(model, max_total_tokens=64, max_running_requests=3)
+    prompts = _prompts()[:8]
+    requests = [GenerationRequest(f"b-{i}", p, SamplingParams(6, 0.0)) for i, p in enumerate(prompts)]
+    answers = _all(server.url, requests)
+    for answer, prompt in zip(answers, prompts, strict=True):
+        want = _reference(model, tuple(prompt), 6)
+        assert answer.output_ids == want
+    assert server.engine.decoder.kv_gauge._value.get() == 0  # the batch emptied
+    # past the budget alone: max_new_tokens is capped to it (SGLang caps it too)
+    capped = _generate(server.url, GenerationRequest("b-cap", prompts[3], SamplingParams(60, 0.0, ignore_eos=True)))
+    assert capped.truncated and len(capped.output_ids) == 64 - len(prompts[3])
+
+
+def test_a_prompt_past_the_context_is_refused_with_its_rid(model_dir, start_server) -> None:
+    server = start_server(model_dir("llama"), max_total_tokens=40000)
+    context = server.engine.decoder.context_length
+    for ids, new in (([5] * context, 4), ([5] * (context - 2), 4)):
+        rid = f"row-{len(ids)}"
+        response = httpx.post(
+            server.url + "/generate", json=GenerationRequest(rid, ids, SamplingParams(new, 0.0)).to_json(), timeout=60
+        )
+        assert response.status_code == 400 and rid in response.json()["error"]["message"]
+    bad = httpx.post(server.url + "/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": 3, "min_p": 0.5}})
+    assert bad.status_code == 400 and "min_p" in bad.json()["error"]["message"]
+    assert _generate(server.url, GenerationRequest("after", [1, 2, 3], GREEDY)).output_ids
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v3"])
+def test_extraction_still_dumps_beside_generation(model_dir, start_server, arch: str) -> None:
+    model = model_dir(arch)
+    server = start_server(model)
+    prompts = _prompts()
+    rid = make_rid(3, len(prompts[0]))
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        decoding = [pool.submit(_generate, server.url, GenerationRequest(f"g-{i}", p, GREEDY)) for i, p in enumerate(prompts[:3])]
+        prefill = httpx.post(
+            server.url + "/generate",
+            json={"input_ids": prompts[0], "rid": rid, "sampling_params": {"max_new_tokens": 0}},
+            timeout=60,
+        )
+        answers = [f.result() for f in decoding]
+    assert prefill.status_code == 200 and prefill.json()["meta_info"]["completion_tokens"] == 0
+    server.engine.sink.flush()
+    assert (server.dump_dir / rid / "done").exists() and sorted(p.name for p in server.dump_dir.iterdir()) == [rid]
+    assert [a.output_ids for a in answers] == [_reference(model, tuple(p), 8) for p in prompts[:3]]
