@@ -19,7 +19,7 @@ from hsextract.errors import BadSampleError
 from hsextract.extract.generation_client import generate
 
 PROMPT_LENGTHS = (5, 17, 9, 30, 3, 12, 21, 8)
-NEW_TOKENS = (12, 5, 16, 9, 14, 7, 11, 13)
+NEW_TOKENS = (8, 4, 10, 6, 9, 5, 7, 8)
 
 
 def _prompts() -> list[list[int]]:
