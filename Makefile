@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 WORK ?= work
 PYTEST_ARGS ?=
 
-.PHONY: help setup setup-sglang setup-trainers extract pipeline test test-fast test-docker lint bench bench-gpu bench-gpu-e2e clean
+.PHONY: help setup setup-sglang setup-trainers extract pipeline test test-fast test-docker lint bench bench-generate bench-gpu bench-gpu-e2e clean
 
 # Deployment (Ansible) and monitoring targets live in their own files.
 include $(wildcard mk/*.mk)
@@ -74,9 +74,13 @@ lint: setup  ## ruff, mypy (strict on the package, bodies of the tests), shellch
 	scripts/lint-shell.sh $(BIN)/shellcheck
 	$(MAKE) lint-ansible
 
-bench: setup  ## benchmarks; writes bench/results.json
+bench: setup  ## benchmarks; writes bench/results.json and bench/results-generate.json
 	$(BIN)/python bench/bench_core.py --out bench/results.json
 	$(BIN)/python bench/bench_prepare.py --out bench/results-prepare.json
+	PYTHONPATH=extractor $(BIN)/python bench/bench_generate.py --out bench/results-generate.json
+
+bench-generate:  ## decode tokens/s and peak memory of the embedded server vs transformers generate; writes bench/results-generate.json
+	PYTHONPATH=extractor $(BIN)/python bench/bench_generate.py --out bench/results-generate.json
 
 bench-gpu:  ## on a GPU host: the SGLang hook's forward-thread hold time and dump rate; writes bench/results-gpu.json
 	PYTHONPATH=extractor $(or $(GPU_PYTHON),python3) bench/bench_hook_gpu.py --out bench/results-gpu.json

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,11 @@ import transformers
 
 from hsextract.contract.generate import GenerationAnswer, GenerationRequest, SamplingParams
 from hsextract.contract.rids import make_rid
+from hsextract.errors import BadSampleError
+from hsextract.extract.generation_client import generate
 
 PROMPT_LENGTHS = (5, 17, 9, 30, 3, 12, 21, 8)
-NEW_TOKENS = (12, 5, 16, 9, 14, 7, 11, 13)
+NEW_TOKENS = (8, 4, 10, 6, 9, 5, 7, 8)
 
 
 def _prompts() -> list[list[int]]:
@@ -75,10 +78,9 @@ def test_greedy_equals_transformers_alone_and_batched(model_dir, start_server) -
             assert answer.finish_reason.type == "stop" and answer.finish_reason.matched == stop
         assert answer.output_ids == want, answer.rid
     assert early >= 1
-    # SGLang's batched body: one POST, a list of answers in order
-    body = GenerationRequest.batch_json(requests[:3])
-    listed = GenerationAnswer.parse_list(httpx.post(server.url + "/generate", json=body, timeout=120).json())
-    assert listed is not None and [a.output_ids for a in listed] == [a.output_ids for a in answers[:3]]
+    # SGLang's batched body (the client's one POST): a list of answers in order
+    listed = generate(server.url, [dataclasses.replace(r, rid=f"again-{r.rid}") for r in requests[:3]])
+    assert [a.output_ids for a in listed] == [a.output_ids for a in answers[:3]]
     assert not list(server.dump_dir.iterdir())  # generation is never dumped
 
 
@@ -127,6 +129,8 @@ def test_a_prompt_past_the_context_is_refused_with_its_rid(model_dir, start_serv
         assert response.status_code == 400 and rid in response.json()["error"]["message"]
     bad = httpx.post(server.url + "/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": 3, "min_p": 0.5}})
     assert bad.status_code == 400 and "min_p" in bad.json()["error"]["message"]
+    with pytest.raises(BadSampleError, match="row-long"):
+        generate(server.url, [GenerationRequest("row-long", [5] * context, GREEDY)])
     assert _generate(server.url, GenerationRequest("after", [1, 2, 3], GREEDY)).output_ids
 
 

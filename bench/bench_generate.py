@@ -1,0 +1,193 @@
+"""Decode throughput of the embedded server against transformers' ``generate``; writes one JSON of ratios.
+
+For each concurrency C (default 1, 16, 64): C prompts of --prompt-len random tokens, each decoding
+exactly --new-tokens greedy tokens (``ignore_eos``), sent at once over HTTP to an in-process
+``hsextract serve`` (``Engine`` + ``HttpFront``: continuous batching, capture/embedded/decode.py),
+against one ``model.generate(do_sample=False)`` call on the same C prompts as one batch. Decode tokens/s
+is ``C * new_tokens / wall`` (prefill included in both), after one warm-up run of each. Each case runs
+in its own subprocess, so its peak memory is its own: the process's peak RSS on the CPU, and
+``torch.cuda.max_memory_allocated`` on a GPU.
+
+CPU (``make bench-generate``): a tiny random Llama. GPU: ``--device cuda --shape 8b`` builds a
+Llama-3-8B-shaped random bf16 model (32 layers, hidden 4096, 8 KV heads, vocab 128256) once in
+--work-dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "tiny": dict(hidden_size=256, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, intermediate_size=512,
+                 vocab_size=4096),
+    "8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+               vocab_size=128256),
+}  # fmt: skip
+
+
+def make_model(directory: Path, shape: str, dtype: str, device: str) -> Path:
+    import transformers
+
+    if (directory / "config.json").exists():
+        return directory
+    config = transformers.LlamaConfig(**SHAPES[shape], max_position_embeddings=8192, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))  # type: ignore[no-untyped-call]
+    model.config.dtype = dtype
+    model.save_pretrained(str(directory))
+    return directory
+
+
+def _prompts(count: int, length: int, vocab: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(count)
+    return torch.randint(3, vocab, (count, length), generator=generator).tolist()
+
+
+def _peak(device: str) -> int:
+    if device == "cuda":
+        return int(torch.cuda.max_memory_allocated())
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def run_server(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
+    import httpx
+
+    from hsextract.capture.embedded import Engine
+    from hsextract.capture.embedded.config import ServeConfig
+    from hsextract.capture.front import HttpFront
+    from hsextract.contract.generate import GenerationAnswer, GenerationRequest, SamplingParams
+
+    with tempfile.TemporaryDirectory() as dumps:
+        settings = dict(max_total_tokens=args.max_total_tokens, max_running_requests=max(concurrency, 1))
+        config = ServeConfig(model=args.model, dump_dir=Path(dumps), device=args.device, dtype=args.dtype, **settings)
+        engine = Engine(config)
+        server = HttpFront(engine, "127.0.0.1", 0)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{server.port}/generate"
+        params = SamplingParams(max_new_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)
+
+        def one(item: tuple[int, list[int]]) -> int:
+            request = GenerationRequest(f"bench-{item[0]}", item[1], params)
+            answers = GenerationAnswer.parse_list(httpx.post(url, json=request.to_json(), timeout=3600).json())
+            assert answers is not None, "not a generation answer"
+            return len(answers[0].output_ids)
+
+        def batch(tag: int) -> float:
+            prompts = _prompts(concurrency, args.prompt_len, engine.vocab_size)
+            started = time.perf_counter()
+            with ThreadPoolExecutor(concurrency) as pool:
+                tokens = sum(pool.map(one, [(tag * 1000 + i, p) for i, p in enumerate(prompts)]))
+            assert tokens == concurrency * args.new_tokens
+            return time.perf_counter() - started
+
+        batch(0)  # warm-up
+        if args.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        wall = min(batch(r + 1) for r in range(args.repeats))
+        peak = _peak(args.device)
+        server.shutdown()
+    return {"tokens_per_s": concurrency * args.new_tokens / wall, "wall_s": wall, "peak_bytes": peak}
+
+
+def run_hf(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
+    import transformers
+
+    dtype = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(args.device).eval()
+
+    def batch() -> float:
+        ids = torch.tensor(_prompts(concurrency, args.prompt_len, int(model.config.vocab_size)), device=args.device)
+        started = time.perf_counter()
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=args.new_tokens,
+            min_new_tokens=args.new_tokens,
+            do_sample=False,
+        )
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        assert out.shape[1] == args.prompt_len + args.new_tokens
+        return time.perf_counter() - started
+
+    batch()
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    wall = min(batch() for _ in range(args.repeats))
+    return {"tokens_per_s": concurrency * args.new_tokens / wall, "wall_s": wall, "peak_bytes": _peak(args.device)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--shape", choices=tuple(SHAPES), default=None, help="random Llama shape (tiny on cpu, 8b on cuda)")
+    parser.add_argument("--dtype", default=None, help="float32 (cpu default) or bfloat16 (cuda default)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per case after a warm-up; the fastest counts")
+    parser.add_argument("--max-total-tokens", type=int, default=65536)
+    parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "hsx-bench-generate")
+    parser.add_argument("--out", type=Path, default=Path("bench/results-generate.json"))
+    parser.add_argument("--case", default=None, help=argparse.SUPPRESS)  # "server:C" / "hf:C": one case, in a child
+    parser.add_argument("--model", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.shape = args.shape or ("8b" if args.device == "cuda" else "tiny")
+    args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    if args.case:
+        kind, count = args.case.split(":")
+        result = (run_server if kind == "server" else run_hf)(args, int(count))
+        print(json.dumps(result))
+        return 0
+    model = make_model(args.work_dir / f"llama-{args.shape}-{args.dtype}", args.shape, args.dtype, args.device)
+    cases: dict[str, Any] = {}
+    for concurrency in args.concurrency:
+        row: dict[str, Any] = {}
+        for kind in ("server", "hf"):
+            command = [sys.executable, __file__, "--case", f"{kind}:{concurrency}", "--model", str(model), *_passed(args)]
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            if done.returncode:
+                raise SystemExit(f"{kind} at concurrency {concurrency} failed:\n{done.stderr[-3000:]}")
+            row[kind] = json.loads(done.stdout.strip().splitlines()[-1])
+        row["tokens_per_s_ratio"] = row["server"]["tokens_per_s"] / row["hf"]["tokens_per_s"]
+        row["peak_memory_ratio"] = row["server"]["peak_bytes"] / row["hf"]["peak_bytes"]
+        cases[str(concurrency)] = row
+        server, hf = row["server"]["tokens_per_s"], row["hf"]["tokens_per_s"]
+        print(f"C={concurrency}: server {server:.0f} tok/s, generate {hf:.0f} tok/s (x{row['tokens_per_s_ratio']:.2f}); "
+              f"peak memory x{row['peak_memory_ratio']:.2f}", flush=True)  # fmt: skip
+    result = {
+        "benchmark": "embedded server decode vs transformers generate",
+        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "host": {"machine": platform.machine(), "python": platform.python_version(), "torch": torch.__version__,
+                 "device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"},
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in ("case", "model", "out")},
+        "by_concurrency": cases,
+    }  # fmt: skip
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _passed(args: argparse.Namespace) -> list[str]:
+    return ["--device", args.device, "--dtype", args.dtype, "--prompt-len", str(args.prompt_len),
+            "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats),
+            "--max-total-tokens", str(args.max_total_tokens)]  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())
