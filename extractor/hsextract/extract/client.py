@@ -69,7 +69,7 @@ def _snippet(response: httpx.Response) -> str:
     return repr(text) if text else "an empty body"
 
 
-def _json_body(response: httpx.Response) -> Any:
+def json_body(response: httpx.Response) -> Any:
     """The decoded body, or None when it is not JSON (HTML, plain text, empty)."""
     content_type = response.headers.get("content-type", "")
     if "html" in content_type.lower():
@@ -216,7 +216,7 @@ class ServerClient:
             except httpx.HTTPError as exc:
                 raise ServerError(f"cannot reach {self.base_url}{path}: {exc}") from exc
             if response.status_code == 200:
-                info = _json_body(response)
+                info = json_body(response)
                 if isinstance(info, dict):
                     return info
                 raise self._wrong_server("GET", path, response, "expected the server's identity as a JSON object")
@@ -251,7 +251,7 @@ class ServerClient:
         status = response.status_code
         if status in _RETRIED or status >= 500:
             raise TransientServerError(f"{GENERATE_PATH} for {rid} answered HTTP {status}: {response.text[:300]}")
-        body = _json_body(response)
+        body = json_body(response)
         if status == 400 and is_duplicate_rid(error_message(body)):
             raise RidInUseError(f"the server still holds an earlier request of {rid} (HTTP 400: {response.text[:200]})")
         if status == 400 and body is not None:

@@ -23,7 +23,6 @@ recorded, the run goes on); anything else -> :class:`WrongServerError` (the run 
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +39,7 @@ from hsextract.contract.generate import (
     is_duplicate_rid,
 )
 from hsextract.errors import BadRequestError, ServerUnreachableError, TransientServerError, WrongServerError
-from hsextract.extract.client import ServerClient
+from hsextract.extract.client import ServerClient, json_body
 from hsextract.extract.http_threads import RequestsCancelled, ThreadedHTTP
 
 log = logging.getLogger(__name__)
@@ -69,15 +68,6 @@ def _abort(body: Any) -> dict[str, Any] | None:
     meta = body.get("meta_info") if isinstance(body, dict) else None
     reason = meta.get("finish_reason") if isinstance(meta, dict) else None
     return reason if isinstance(reason, dict) and reason.get("type") == "abort" else None
-
-
-def _json(response: httpx.Response) -> Any:
-    if "html" in response.headers.get("content-type", "").lower():
-        return None
-    try:
-        return json.loads(response.content)
-    except (ValueError, UnicodeDecodeError):
-        return None
 
 
 class GenerateClient:
@@ -115,7 +105,7 @@ class GenerateClient:
                 response = self._http.call(get)
             except (httpx.HTTPError, RequestsCancelled):
                 continue
-            body = _json(response) if response.status_code == 200 else None
+            body = json_body(response) if response.status_code == 200 else None
             if isinstance(body, dict):
                 for key in ("model_path", "model_fingerprint", "engine", "engine_version", "served_model_name"):
                     if body.get(key) is not None and key not in info:
@@ -143,7 +133,7 @@ class GenerateClient:
         status = response.status_code
         if status in _RETRIED or status >= 500:
             raise TransientServerError(f"{GENERATE_PATH} for {rid} answered HTTP {status}: {response.text[:300]}")
-        decoded = _json(response)
+        decoded = json_body(response)
         if status == 400 and is_duplicate_rid(error_message(decoded)):
             raise TransientServerError(f"the server still holds {rid} (HTTP 400: {response.text[:200]})")
         if status == 400 and decoded is not None:

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from hsextract.capture.embedded.inbox import drain_inbox
 from hsextract.capture.embedded.kv_batch import KVBatch, check_layers
 from hsextract.capture.embedded.sampling import make_generator, next_tokens
 from hsextract.contract.generate import FinishReason, GenerationAnswer, GenerationRequest, SamplingParams
@@ -202,17 +203,7 @@ class DecodeScheduler:
             self.kv_gauge.set(self._batch.rows * self._batch.columns)
 
     def _drain(self, block: bool) -> None:
-        try:
-            item = self._inbox.get(block=block, timeout=0.5 if block else None)
-        except queue.Empty:
-            return
-        while item is not None:
-            self._waiting.append(item)
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-        self._stop.set()
+        drain_inbox(self._inbox, self._waiting, self._stop, block)
 
     def cost(self, rows: Sequence[Decoding]) -> int:
         """Worst-case padded KV slots of these rows decoding together."""

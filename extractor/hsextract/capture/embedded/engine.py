@@ -39,6 +39,7 @@ from hsextract.capture.dump_sink import DumpSink, ExtendBatch, Fp8Rows, Segment
 from hsextract.capture.embedded.batching import padded_tokens, pick_batch
 from hsextract.capture.embedded.config import ServeConfig
 from hsextract.capture.embedded.decode import DecodeScheduler
+from hsextract.capture.embedded.inbox import drain_inbox
 from hsextract.capture.pinned import HostCopier
 from hsextract.capture.stages import StageClock
 from hsextract.contract.dump_dir import prepare_dump_root
@@ -243,17 +244,7 @@ class Engine:
                 log.exception("forward failed")
 
     def _drain_inbox(self, block: bool) -> None:
-        try:
-            item = self._inbox.get(block=block, timeout=0.5 if block else None)
-        except queue.Empty:
-            return
-        while item is not None:
-            self._waiting.append(item)
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-        self._stop.set()
+        drain_inbox(self._inbox, self._waiting, self._stop, block)
 
     def _step(self) -> None:
         # Alternate: a long prompt's next chunk, then a batch of short prompts, so neither starves.
