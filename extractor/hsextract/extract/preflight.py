@@ -93,6 +93,8 @@ def check_server(
             f"layer_ids {aux} are configured but the server captures {info.layer_ids}; "
             "restart the server with the same layers or drop layer_ids from the extractor config"
         )
+    if cfg.dump_dir is not None:
+        check_dump_root(cfg.dump_dir)  # an unsafe root is refused as such, before it is compared with the server's
     dump_dir = _dump_dir(cfg.dump_dir, info.dump_dir)
     check_dump_root(dump_dir)
     fmt = open_format(cfg.format, cfg.output)
