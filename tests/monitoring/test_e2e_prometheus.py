@@ -1,6 +1,7 @@
 """End to end: a real Prometheus (Debian's) scrapes a real extraction on the embedded default.
 
-While the run goes: the extractor's `up` is 1, every dashboard query and every recording rule returns
+While the run goes (Prometheus scrapes the extractor as job hsextract and the embedded server as job
+hsextract_server): the extractor's `up` is 1, every dashboard query and every recording rule returns
 data (SGLang's panels only parse: no SGLang runs here). Then the server is killed mid-run: the
 production rules put HsextractServerDown into pending (their `for:` durations are unit-tested with
 promtool), the extractor waits ``--server-down-timeout-s`` for it, gives up and `up` turns 0. Then
@@ -109,13 +110,16 @@ def test_prometheus_scrapes_a_real_extraction(
         )  # fmt: skip
 
     server = processes.start("server", "serve", "--model", model, "--dump-dir", str(dump_dir), "--port", str(server_port))
-    prom = prometheus({"hsextract": [instance]})
+    server_instance = f"127.0.0.1:{server_port}"  # the embedded server's /metrics: its capture stages
+    prom = prometheus({"hsextract": [instance], "hsextract_server": [server_instance]})
     extractor = extract("extract", server_port)
     up = f'up{{job="hsextract", instance="{instance}"}}'
 
     # -- while it runs: up, every dashboard query, every recording rule ------------------------------
     prom.wait_for("the extractor's up to be 1", lambda: value(prom, up) == 1, timeout_s=240)
-    queries = [(title, substitute(expr, instance=instance)) for title, expr in dashboard_queries()]
+    queries = [
+        (title, substitute(expr, instance=instance, server_instance=server_instance)) for title, expr in dashboard_queries()
+    ]
     waiting = {(title, expr) for title, expr in queries if not is_sglang_only(expr)}
     # instance: rules carry the extractor's instance; job: rules (the fleet's sums) only its job
     waiting |= {
