@@ -257,7 +257,7 @@ def gather(target: Target, runner: Runner, log_lines: int = 0) -> HostStatus:
             status.metrics_error = str(exc)
     else:
         status.metrics_error = f"no answer on port {target.metrics_port} (the extractor is not running)"
-    if status.progress is None or not status.progress.running:  # finished or stopped: the output says how it ended
+    if status.progress is None:  # no extractor answers (finished or stopped): its output says how it ended
         status.progress = parse_data_config(results["data_config"].stdout) or status.progress
     for purpose, result in results.items():
         if purpose.startswith("log:"):
