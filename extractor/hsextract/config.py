@@ -44,6 +44,7 @@ def _valid_prefix(value: str) -> str:
 #: a rid prefix: 1-32 letters or digits (it becomes part of a path)
 RidPrefix = Annotated[str, AfterValidator(_valid_prefix)]
 
+
 def _flag_type(annotation: Any) -> tuple[dict[str, Any], str]:
     """argparse keyword arguments for a field's annotation."""
     origin = typing.get_origin(annotation)
