@@ -318,6 +318,12 @@ def test_metrics_port_serves_the_regen_series(fake: FakeSGLang, tmp_path: Path) 
     for name in ("hsextract_regen_generated_tokens_total", "hsextract_regen_inflight_requests 0.0",
                  "hsextract_regen_rows_planned 2.0", "hsextract_regen_running 0.0", "hsextract_regen_turns_total"):
         assert name in text
+    # every error reason has its series from the start, so the dashboard's panels show 0, not "no data"
+    from hsextract.regen.metrics import ERROR_REASONS
+
+    assert 'hsextract_regen_errors_total{reason="server error"} 0.0' in text and len(ERROR_REASONS) > 10
+    for reason in ERROR_REASONS:
+        assert f'hsextract_regen_errors_total{{reason="{reason}"}}' in text
 
 
 def test_a_moved_model_with_the_same_fingerprint_is_the_same_identity() -> None:

@@ -164,7 +164,7 @@ def test_an_interrupted_run_hints_the_length_of_the_longest_planned_sample(model
     import threading
     import time
 
-    from hsextract.config import ExtractConfig
+    from hsextract.extract.config import ExtractConfig
     from hsextract.extract.run import Extraction
 
     server = start_server(model_dir("llama", "bfloat16"))

@@ -7,16 +7,14 @@ Each side owns its options beside its code: :class:`~hsextract.extract.config.Ex
 with ``--config`` (``max_seq_len``); the flag wins over the file. Unknown keys are refused, so a typo
 in the file rendered by Ansible stops the run before any work starts.
 
-This module imports neither side (``capture/`` must not reach ``extract/`` through it). The three
-names above are still importable from here, lazily, for callers that name them as
-``hsextract.config:<Class>`` (the Ansible roles validate the files they render that way).
+This module imports neither side (``capture/`` must not reach ``extract/`` through it): import each
+class from its side's module.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
-import importlib
 import shlex
 import types
 import typing
@@ -45,20 +43,6 @@ def _valid_prefix(value: str) -> str:
 
 #: a rid prefix: 1-32 letters or digits (it becomes part of a path)
 RidPrefix = Annotated[str, AfterValidator(_valid_prefix)]
-
-#: where each side's options live (``from hsextract.config import ExtractConfig`` keeps working)
-_HOMES = {
-    "ExtractConfig": "hsextract.extract.config",
-    "ServeConfig": "hsextract.capture.embedded.config",
-    "SGLangLaunchConfig": "hsextract.capture.sglang.config",
-}
-
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(home), name)
 
 
 def _flag_type(annotation: Any) -> tuple[dict[str, Any], str]:

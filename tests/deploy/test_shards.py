@@ -96,7 +96,7 @@ def test_each_host_gets_its_shard_in_the_rendered_config(tmp_path: Path, hosts: 
     if PACKAGE_PYTHON.exists():  # the rendered file is what ExtractConfig accepts
         for config in configs.values():
             check = (
-                "import json, sys; from hsextract.config import ExtractConfig; "
+                "import json, sys; from hsextract.extract.config import ExtractConfig; "
                 "ExtractConfig.model_validate(json.loads(sys.argv[1]))"
             )
             subprocess.run([str(PACKAGE_PYTHON), "-c", check, json.dumps(config)], check=True)
@@ -179,7 +179,7 @@ def test_a_server_over_two_nodes_renders_each_nodes_flags_and_one_shard(tmp_path
     assert [rendered[h]["waits"] for h in ("big-0", "big-1", "solo")] == [True, False, True]
     assert "nnodes" not in rendered["solo"]["server"]
     code = (
-        "import json, sys; from hsextract.config import SGLangLaunchConfig; "
+        "import json, sys; from hsextract.capture.sglang.config import SGLangLaunchConfig; "
         "from hsextract.capture.sglang.launcher import build_command; "
         "print(json.dumps(build_command(SGLangLaunchConfig.model_validate(json.loads(sys.argv[1])))))"
     )

@@ -57,10 +57,13 @@ def is_sglang_only(expr: str) -> bool:
     return "sglang:" in expr or 'job="sglang"' in expr
 
 
-def substitute(expr: str, instance: str = ".+", sglang_instance: str = ".+", rate_interval: str = "1m") -> str:
+def substitute(
+    expr: str, instance: str = ".+", sglang_instance: str = ".+", server_instance: str = ".+", rate_interval: str = "1m"
+) -> str:
     """What Grafana sends: its variables replaced ("All" is the regex .+; a dot in an address matches itself)."""
     expr = expr.replace("$__rate_interval", rate_interval)
-    return expr.replace("$sglang_instance", sglang_instance).replace("$instance", instance)
+    expr = expr.replace("$sglang_instance", sglang_instance).replace("$server_instance", server_instance)
+    return expr.replace("$instance", instance)
 
 
 class Prometheus:

@@ -29,6 +29,11 @@ REQUIRED = {
     "server up": "hsextract_server_up",
     "SGLang prompt throughput": "sglang:prompt_tokens_total",
     "SGLang queue": "sglang:num_queue_reqs",
+    # the embedded server's capture stages (README: which resource is the limit), under its own job
+    "server stage time": 'hsextract_server_stage_seconds_sum{job="hsextract_server", instance=~"$server_instance"}',
+    "server stage p99": 'hsextract_server_stage_seconds_bucket{job="hsextract_server", instance=~"$server_instance"}',
+    "server padding": "hsextract_server_padded_tokens_total",
+    "server dump bytes": "hsextract_server_dump_bytes_total",
 }
 
 
@@ -51,8 +56,10 @@ def test_dashboard_has_a_datasource_variable_used_by_every_panel_and_target() ->
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
         for target in panel["targets"]:
             assert target["datasource"]["uid"] == "${datasource}", panel["title"]
-    for name in ("instance", "sglang_instance"):
+    for name in ("instance", "sglang_instance", "server_instance"):
         assert variables[name]["datasource"]["uid"] == "${datasource}"
+    # the embedded server's targets: its own job (monitoring/prometheus/prometheus.yml), never sglang
+    assert variables["server_instance"]["definition"] == 'label_values(up{job="hsextract_server"}, instance)'
 
 
 def test_no_hard_coded_instance() -> None:
@@ -60,7 +67,9 @@ def test_no_hard_coded_instance() -> None:
     assert "127.0.0.1" not in text and "localhost" not in text
     for title, expr in dashboard_queries():
         assert 'instance="' not in expr, title
-        assert 'instance=~"$instance"' in expr or 'instance=~"$sglang_instance"' in expr, f"{title}: {expr}"
+        assert any(f'instance=~"${name}"' in expr for name in ("instance", "sglang_instance", "server_instance")), (
+            f"{title}: {expr}"
+        )
 
 
 def test_every_panel_the_issue_asks_for_is_there() -> None:

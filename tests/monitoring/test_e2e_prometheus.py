@@ -1,7 +1,9 @@
 """End to end: a real Prometheus (Debian's) scrapes a real extraction on the embedded default.
 
-While the run goes: the extractor's `up` is 1, every dashboard query and every recording rule returns
-data (SGLang's panels only parse: no SGLang runs here). Then the server is killed mid-run: the
+While the run goes (Prometheus scrapes the extractor, and a regeneration against the same server, as
+job hsextract and the embedded server as job hsextract_server): the extractor's `up` is 1, every
+dashboard query and every recording rule returns data (SGLang's panels only parse: no SGLang runs here;
+the Regeneration row's panels get theirs from the regeneration). Then the server is killed mid-run: the
 production rules put HsextractServerDown into pending (their `for:` durations are unit-tested with
 promtool), the extractor waits ``--server-down-timeout-s`` for it, gives up and `up` turns 0. Then
 the run is resumed against a new server and the extractor is killed: HsextractExtractorDown goes
@@ -22,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hsextract.dev.sample_data import make_sample_data
+from hsextract.dev.sample_data import make_sample_conversations, make_sample_data
 
 from ..helpers import free_port
 from .helpers import RULES, Prometheus, dashboard_queries, is_sglang_only, substitute
@@ -109,13 +111,25 @@ def test_prometheus_scrapes_a_real_extraction(
         )  # fmt: skip
 
     server = processes.start("server", "serve", "--model", model, "--dump-dir", str(dump_dir), "--port", str(server_port))
-    prom = prometheus({"hsextract": [instance]})
+    server_instance = f"127.0.0.1:{server_port}"  # the embedded server's /metrics: its capture stages
+    regen_port = free_port()
+    regen_instance = f"127.0.0.1:{regen_port}"  # hsextract regenerate on the same server: the Regeneration row
+    prom = prometheus({"hsextract": [instance, regen_instance], "hsextract_server": [server_instance]})
     extractor = extract("extract", server_port)
+    processes.start(
+        "regenerate", "regenerate", "--server", f"http://127.0.0.1:{server_port}", "--model", model,
+        "--dataset", str(make_sample_conversations(tmp_path / "conversations.jsonl", num=ROWS, seed=4)),
+        "--output", str(tmp_path / "regenerated.jsonl"), "--max-new-tokens", "8", "--concurrency", "2",
+        "--metrics-port", str(regen_port), "--metrics-host", "127.0.0.1", "--health-timeout-s", "180", "--no-progress",
+    )  # fmt: skip
     up = f'up{{job="hsextract", instance="{instance}"}}'
 
     # -- while it runs: up, every dashboard query, every recording rule ------------------------------
     prom.wait_for("the extractor's up to be 1", lambda: value(prom, up) == 1, timeout_s=240)
-    queries = [(title, substitute(expr, instance=instance)) for title, expr in dashboard_queries()]
+    queries = [
+        (title, substitute(expr, instance=f"{instance}|{regen_instance}", server_instance=server_instance))
+        for title, expr in dashboard_queries()
+    ]
     waiting = {(title, expr) for title, expr in queries if not is_sglang_only(expr)}
     # instance: rules carry the extractor's instance; job: rules (the fleet's sums) only its job
     waiting |= {

@@ -33,9 +33,10 @@ def test_promtool_check_config() -> None:
     assert "SUCCESS" in out
     config = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
-    assert set(jobs) == {"hsextract", "sglang"}
+    assert set(jobs) == {"hsextract", "sglang", "hsextract_server"}  # the embedded server: its own job, never sglang
     assert jobs["hsextract"]["static_configs"][0]["targets"][0].endswith(":9400")
     assert jobs["sglang"]["static_configs"][0]["targets"][0].endswith(":30000")
+    assert jobs["hsextract_server"]["static_configs"][0]["targets"][0].endswith(":30000")
 
 
 def test_promtool_check_rules() -> None:

@@ -67,8 +67,8 @@ def cli_help(capsys: pytest.CaptureFixture[str], command: str) -> str:
 
 
 def test_string_list_flags_parse_through_the_cli_parser() -> None:
+    from hsextract.capture.sglang.config import SGLangLaunchConfig
     from hsextract.cli import build_parser
-    from hsextract.config import SGLangLaunchConfig
 
     args = build_parser().parse_args(
         ["launch-sglang", "--model-path", "/m", "--extra-args=--attention-backend torch_native --disable-cuda-graph"]

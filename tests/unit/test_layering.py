@@ -12,7 +12,6 @@ from functools import cache
 from pathlib import Path
 
 import hsextract
-from hsextract import config as config_module
 from hsextract.extract.formats import FORMATS
 
 PACKAGE = Path(hsextract.__file__).parent
@@ -71,8 +70,6 @@ def _imports(module: str, *, with_type_checking: bool) -> Iterator[str]:
                     target = _owner(f"{base}.{alias.name}") or _owner(base)
                     if target is not None:
                         yield target
-                    if base == config_module.__name__ and alias.name in config_module._HOMES:
-                        yield config_module._HOMES[alias.name]  # the lazy re-export loads the side's module
             for child in ast.iter_child_nodes(node):
                 if isinstance(child, ast.stmt):
                     yield from walk([child])

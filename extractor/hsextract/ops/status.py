@@ -3,7 +3,9 @@
 For each extraction host it gathers, with read-only commands only: the server's health (HTTP status of
 ``/health_generate``), the state of the ``hsextract-server`` and ``hsextract-extract`` units (and their
 last log lines with ``--logs N``), ``/dev/shm`` and output disk use (``df -B1``), and the extraction's
-progress and ETA from the extractor's own ``/metrics``. Hosts come from an Ansible inventory (group
+progress and ETA from the extractor's own ``/metrics``; when the extractor is not running (finished,
+stopped, killed), the counts and the status (complete, interrupted, stopped...) its output's
+``data_config.json`` records. Hosts come from an Ansible inventory (group
 ``extraction_containers``, through ``ansible-inventory --list``) and are reached over SSH with fabric,
 one connection per host, all hosts at once; with no inventory it looks at this machine.
 
@@ -255,7 +257,7 @@ def gather(target: Target, runner: Runner, log_lines: int = 0) -> HostStatus:
             status.metrics_error = str(exc)
     else:
         status.metrics_error = f"no answer on port {target.metrics_port} (the extractor is not running)"
-    if status.progress is None or not status.progress.running:  # finished or stopped: the output says how it ended
+    if status.progress is None:  # no extractor answers (finished or stopped): its output says how it ended
         status.progress = parse_data_config(results["data_config"].stdout) or status.progress
     for purpose, result in results.items():
         if purpose.startswith("log:"):

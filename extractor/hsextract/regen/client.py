@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 RID_PREFIX = "regen"
 #: the reason of a prompt the server refused (errors file, metric label)
 SERVER_REFUSED = "server refused"
+#: the reason of a row whose requests kept failing after every retry (a rerun sends it again)
+SERVER_ERROR = "server error"
 _RETRIED = (408, 429)
 
 

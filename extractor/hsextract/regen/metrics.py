@@ -5,10 +5,22 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from hsextract.prepare.conversation import Reason
+from hsextract.regen.client import SERVER_ERROR, SERVER_REFUSED
+from hsextract.regen.conversation import NO_ASSISTANT_TURN, TRUNCATED
+
 #: the ``status`` label values of ``hsextract_regen_rows_total``
 ROW_STATUSES = ("ok", "failed", "skipped", "resumed")
 #: the ``finish_reason`` label values of ``hsextract_regen_turns_total``
 FINISH_REASONS = ("stop", "length")
+#: every ``reason`` a row can fail or be skipped for, so ``hsextract_regen_errors_total`` has each series (0) from the start
+ERROR_REASONS = (
+    *(value for name, value in vars(Reason).items() if name.isupper()),
+    NO_ASSISTANT_TURN,
+    TRUNCATED,
+    SERVER_REFUSED,
+    SERVER_ERROR,
+)
 
 
 class RegenMetrics:
@@ -42,6 +54,8 @@ class RegenMetrics:
             self.rows.labels(status)
         for reason in FINISH_REASONS:
             self.turns.labels(reason)
+        for reason in ERROR_REASONS:
+            self.errors.labels(reason)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         start_http_server(port, addr=host, registry=self.registry)

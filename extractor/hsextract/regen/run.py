@@ -30,7 +30,7 @@ from hsextract.errors import BadRequestError, ConfigError, ServerError, ServerUn
 from hsextract.prepare.conversation import BadRow
 from hsextract.prepare.model_tokenizer import load_model_tokenizer
 from hsextract.prepare.readers import open_input
-from hsextract.regen.client import RID_PREFIX, SERVER_REFUSED, DecodeAnswer, GenerateClient, make_rid
+from hsextract.regen.client import RID_PREFIX, SERVER_ERROR, SERVER_REFUSED, DecodeAnswer, GenerateClient, make_rid
 from hsextract.regen.config import RegenerateConfig
 from hsextract.regen.conversation import TRUNCATED, Regenerated, regenerate_row, turn_seed
 from hsextract.regen.journal import FAILED, OK, SKIPPED, Journal, RegenIdentity
@@ -41,7 +41,6 @@ from hsextract.regen.writer import read_summary, write_errors, write_output, wri
 log = logging.getLogger(__name__)
 
 #: the reason of a row whose request failed on every try (retried by a rerun)
-SERVER_ERROR = "server error"
 COMPLETE, ALREADY_COMPLETE, INCOMPLETE, INTERRUPTED = "complete", "already complete", "incomplete", "interrupted"
 
 
