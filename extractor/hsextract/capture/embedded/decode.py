@@ -179,7 +179,12 @@ class DecodeScheduler:
             if not item.future.done():
                 item.future.set_exception(error)
 
+    def on_own_thread(self) -> bool:
+        """Whether the caller is the decode thread (its forwards are no extraction's)."""
+        return threading.current_thread() is self._thread
+
     # -- scheduler thread ---------------------------------------------------------------------------
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._drain(block=not (self._running or self._waiting))

@@ -154,7 +154,8 @@ class Engine:
         )
 
     def _grab_prenorm(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
-        if threading.current_thread() is self._thread:  # not the decode thread's forwards
+        decoder = getattr(self, "decoder", None)  # None while the engine is still being built
+        if decoder is None or not decoder.on_own_thread():  # the decode thread's forwards are not extraction's
             self._prenorm = args[0]
 
     def _dump_source(self) -> DumpSource:
