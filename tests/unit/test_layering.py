@@ -187,3 +187,16 @@ def test_no_module_over_500_lines() -> None:
     too_long = {module for module, n in lengths.items() if n > MAX_LINES}
     assert not too_long - TOO_LONG_FOR_NOW, {m: lengths[m] for m in sorted(too_long - TOO_LONG_FOR_NOW)}
     assert not TOO_LONG_FOR_NOW - too_long, "a module is short enough now: remove it from TOO_LONG_FOR_NOW"
+
+
+def test_the_cli_and_the_launcher_import_without_torch() -> None:
+    """The SGLang image runs ``hsextract launch-sglang`` (and builds the CLI's parser, ``serve``'s options
+    included) before torch is there: none of that may load torch, transformers or datasets."""
+    code = (
+        "import sys\n"
+        "import hsextract.cli, hsextract.capture.embedded.config, hsextract.capture.sglang.launcher\n"
+        "hsextract.cli.build_parser()\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert done.stdout.strip() == "[]", done.stdout

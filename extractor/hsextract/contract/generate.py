@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from hsextract.contract.fp8 import STORAGES
+from hsextract.contract.storages import STORAGES
 from hsextract.contract.server_info import FINAL_PRENORM_KEY, STORAGE_KEY
 from hsextract.errors import BadRequestError
 
