@@ -17,8 +17,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from hsextract.contract.storages import STORAGES
 from hsextract.contract.server_info import FINAL_PRENORM_KEY, STORAGE_KEY
+from hsextract.contract.storages import STORAGES
 from hsextract.errors import BadRequestError
 
 # -- routes (SGLang's names) -------------------------------------------------------------------------
