@@ -160,41 +160,6 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_regenerate(args: argparse.Namespace) -> int:
-    from hsextract.regen import RegenerateConfig, Regeneration
-    from hsextract.regen.run import ALREADY_COMPLETE, COMPLETE, INTERRUPTED
-
-    config: RegenerateConfig = load_config(RegenerateConfig, args)
-    regeneration = Regeneration(config)
-
-    def stop(signum: int, _frame: object) -> None:
-        regeneration.request_stop(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    summary = regeneration.run()
-    counts = summary.counts
-    failed = ", ".join(f"{r} {n}" for r, n in counts.get("failed_by_reason", {}).items()) or "none"
-    print(
-        f"\n{summary.status.upper()}: {summary.output} (model {summary.model})\n"
-        f"  input rows {counts.get('rows_in')}: ok {counts.get('ok')}, failed {counts.get('failed')} ({failed}), "
-        f"skipped {counts.get('skipped')}; {summary.resumed} were done by an earlier run\n"
-        f"  {counts.get('turns_regenerated')} turns, {counts.get('generated_tokens')} tokens generated, "
-        f"{counts.get('truncated_turns')} turns cut at --max-new-tokens {config.max_new_tokens}\n"
-        f"  took {summary.seconds:.1f} s; "
-        + (f"errors.jsonl and summary.json in {summary.journal}" if summary.status in (COMPLETE, ALREADY_COMPLETE)
-           else f"progress kept in {summary.journal}/rows.jsonl")
-    )
-    if summary.status in (COMPLETE, ALREADY_COMPLETE):
-        print(f"  next: hsextract prepare --dataset {summary.output} --model ... --output ...")
-        return 0
-    if summary.status == INTERRUPTED:
-        print(summary.stop_reason, file=sys.stderr)
-        return EXIT_INTERRUPTED
-    print("some rows failed on server errors (retryable); rerun the same command to retry them", file=sys.stderr)
-    return EXIT_INCOMPLETE
-
-
 def _cmd_pipeline(args: argparse.Namespace) -> int:
     from hsextract.pipeline import load_pipeline, run_pipeline
 
@@ -358,19 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(prepare, PrepareConfig)
     prepare.set_defaults(func=_cmd_prepare)
 
-    from hsextract.regen.config import RegenerateConfig
+    from hsextract.regen import commands as regen_commands
 
-    regenerate = sub.add_parser(
-        "regenerate",
-        help="answer every assistant turn again with the served target model (before prepare)",
-        description="Replace each assistant turn (or the last) of ShareGPT or messages conversations by the served "
-        "model's answer to the history before it: the prompt rendered with the model's chat template as prepare "
-        "renders it, sent as input_ids to /generate (SGLang or hsextract serve), the answer decoded here. Output in "
-        "the input's schema with per-row metadata; resumable after a kill (OUTPUT.journal/). --reasoning defaults to "
-        "keep: the drafter is trained to predict what the target emits, thinking included. See docs/regenerate.md.",
-    )
-    add_config_arguments(regenerate, RegenerateConfig)
-    regenerate.set_defaults(func=_cmd_regenerate)
+    regen_commands.add_regenerate(sub)
 
     pipeline = sub.add_parser(
         "pipeline",
@@ -455,6 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--copy", action="store_true", help="copy the sample files instead of hard-linking them")
     merge.add_argument("--no-verify", action="store_true", help="skip the hsextract verify pass over the merged output")
     merge.set_defaults(func=_cmd_merge)
+
+    regen_commands.add_merge_regenerated(sub)
 
     status = sub.add_parser(
         "status",

@@ -8,6 +8,8 @@
   have it, else a tar stream), for ``make merge`` when outputs sit on each container's local disk.
   Safe while the shard still runs: sample files are complete under their final names, temp names are
   skipped, and a manifest line whose file is not there yet is simply redone by a resume.
+- :func:`fetch_regenerated`: a shard's regeneration output (the file and its journal), for ``make
+  regenerate``'s merge.
 """
 
 from __future__ import annotations
@@ -208,6 +210,33 @@ def fetch_output(target: Target, dest: Path, ssh_options: Sequence[str] = (), me
         raise GatherError(f"{target.name}: copying {source} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
     log.info("%s: %s:%s -> %s (%s)", target.name, target.host, source, dest, method)
     return method
+
+
+def fetch_regenerated(target: Target, dest: Path, ssh_options: Sequence[str] = ()) -> Path:
+    """Copy the regeneration output ``target.regen_output`` and its journal from the host into ``dest``
+    (a tar stream over ssh: text files, copied whole); returns the local path of the output file."""
+    if not target.regen_output:
+        raise ConfigError(f"{target.name}: hsx_regen_output is not set in the inventory; set it to the file "
+                          "playbooks/regenerate.yml writes (inventory/example: group_vars/all.yml)")
+    if target.host is None:
+        return Path(target.regen_output)
+    source = Path(target.regen_output)
+    names = [source.name, source.name + ".journal"]
+    dest.mkdir(parents=True, exist_ok=True)
+    remote = (f"test -f {shlex.quote(str(source.with_name(names[1])) + '/summary.json')} || "
+              f"{{ echo 'no complete regeneration at {source}' >&2; exit 3; }}; "
+              f"tar -C {shlex.quote(str(source.parent))} --exclude={shlex.quote(TEMP_GLOB)} -cf - "
+              + " ".join(shlex.quote(n) for n in names))
+    with subprocess.Popen([*_ssh_argv(target, ssh_options), remote], stdout=subprocess.PIPE, stderr=subprocess.PIPE) as sender:
+        done = subprocess.run(["tar", "-C", str(dest), "-xf", "-"], stdin=sender.stdout, capture_output=True, text=True)
+        _, sender_err = sender.communicate()
+    if sender.returncode != 0:
+        raise GatherError(f"{target.name}: copying {source} over ssh failed ({sender.returncode}): "
+                          f"{sender_err.decode().strip()[-300:]}; run make regenerate (playbooks/regenerate.yml) to its end")
+    if done.returncode != 0:
+        raise GatherError(f"{target.name}: unpacking {source} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
+    log.info("%s: %s:%s -> %s (tar over ssh)", target.name, target.host, source, dest)
+    return dest / source.name
 
 
 def shard_dirs_from_inventory(

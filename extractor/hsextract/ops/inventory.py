@@ -38,6 +38,7 @@ class Target:
     dump_dir: str = "/dev/shm/hsextract-default"
     shard_index: int | None = None  # the slice this host extracts (inventory: assign_shards)
     num_shards: int | None = None
+    regen_output: str | None = None  # the file hsextract regenerate writes there (hsx_regen_output)
 
 
 def assign_shards(hosts: Sequence[str], hostvars: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, int], int]:
@@ -127,6 +128,7 @@ def targets_from_inventory_json(data: dict[str, Any], group: str = GROUP) -> lis
                 dump_dir=str(hv.get("hsx_dump_dir", "/dev/shm")),
                 shard_index=shards.get(name),
                 num_shards=num_shards,
+                regen_output=str(hv["hsx_regen_output"]) if hv.get("hsx_regen_output") else None,
             )
         )
     if not targets:

@@ -3,7 +3,8 @@
 Modules, one job each: ``config`` (the options), ``client`` (``/generate`` with decoding, SGLang's
 shapes), ``prompts`` (the history rendered as prepare renders it, stop ids, local decoding, reasoning),
 ``conversation`` (one row regenerated), ``journal`` (identity and settled rows, for resume),
-``writer`` (the output, atomically, with errors and summary), ``metrics``, ``run`` (the loop).
+``writer`` (the output, atomically, with errors and summary), ``metrics``, ``run`` (the loop),
+``merge`` (a sharded run's outputs joined in input order), ``commands`` (the two CLI commands).
 """
 
 from hsextract.regen.config import RegenerateConfig

@@ -68,6 +68,11 @@ class RegenerateConfig(StrictConfig):
     metrics_host: str = Field(
         "127.0.0.1", description="address the metrics endpoint binds to (0.0.0.0 to let another host scrape it)"
     )
+    shard_index: int = Field(
+        0, ge=0, description="this host's slice: the rows with row %% num_shards == shard_index (hsextract "
+        "merge-regenerated joins the slices in input order)"
+    )
+    num_shards: int = Field(1, gt=0, description="number of slices the input is split into")
     progress: bool = Field(True, description="show a progress bar")
 
     @field_validator("server")
@@ -96,6 +101,16 @@ class RegenerateConfig(StrictConfig):
         if self.seed is not None and self.temperature == 0:
             raise ValueError("seed is given but temperature is 0 (greedy: nothing is sampled); drop seed or set temperature")
         return self
+
+    @model_validator(mode="after")
+    def _shards(self) -> RegenerateConfig:
+        if self.shard_index >= self.num_shards:
+            raise ValueError(f"shard_index {self.shard_index} must be below num_shards {self.num_shards}")
+        return self
+
+    def shard_rows(self, rows: int) -> range:
+        """The input rows this run regenerates (all of them unless the input is sharded)."""
+        return range(self.shard_index, rows, self.num_shards)
 
     @property
     def journal_dir(self) -> Path:

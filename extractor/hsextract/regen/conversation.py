@@ -17,7 +17,7 @@ from hsextract.prepare.conversation import ROLES, BadRow, conversation_of
 from hsextract.regen.client import DecodeAnswer
 from hsextract.regen.prompts import Prompter, shape_answer
 
-#: the row's regeneration metadata (per regenerated turn: its index, finish reason and generated tokens)
+#: the row's regeneration metadata (its input row; per regenerated turn: its index, finish reason and generated tokens)
 META_KEY = "regen"
 NO_ASSISTANT_TURN = "no assistant turn"
 TRUNCATED = "truncated turn"
@@ -77,5 +77,5 @@ def regenerate_row(
         per_turn.append({"turn": j, "finish_reason": answer.finish_reason, "generated_tokens": len(answer.output_ids),
                          "prompt_tokens": len(prompt)})
     field_name = "conversations" if raw.get("conversations") is not None else "messages"
-    result.row = {**raw, field_name: history, META_KEY: {**meta, "turns": per_turn}}
+    result.row = {**raw, field_name: history, META_KEY: {**meta, "source_row": source_row, "turns": per_turn}}
     return result

@@ -57,6 +57,9 @@ class RegenIdentity:
     input_split: str | None
     input_fingerprint: str
     input_rows: int
+    # the slice of the input (rows with row % num_shards == shard_index); defaults: a journal of before sharding
+    shard_index: int = 0
+    num_shards: int = 1
     identity_version: int = IDENTITY_VERSION
 
     def to_json(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -64,12 +65,12 @@ class RegenSummary:
     stop_reason: str = ""
 
 
-def tally(journal: Journal, rows: int) -> dict[str, Any]:
-    """The counts of the summary, over every settled row of the journal."""
+def tally(journal: Journal, rows: Sequence[int]) -> dict[str, Any]:
+    """The counts of the summary, over the run's rows (the shard's, or all)."""
     status: Counter[str] = Counter()
     reasons: dict[str, Counter[str]] = {FAILED: Counter(), SKIPPED: Counter()}
     turns = truncated = tokens = 0
-    for row in range(rows):
+    for row in rows:
         settled = journal.settled.get(row)
         if settled is None:
             status["pending"] += 1
@@ -81,14 +82,14 @@ def tally(journal: Journal, rows: int) -> dict[str, Any]:
         truncated += settled.truncated_turns
         tokens += settled.generated_tokens
     return {
-        "rows_in": rows,
+        "rows_in": len(rows),
         "ok": status[OK],
         "failed": status[FAILED],
         "skipped": status[SKIPPED],
         "pending": status["pending"],
         "failed_by_reason": dict(sorted(reasons[FAILED].items())),
         "skipped_by_reason": dict(sorted(reasons[SKIPPED].items())),
-        "retryable": sum(1 for row in range(rows) if row in journal.settled and journal.settled[row].retryable),
+        "retryable": sum(1 for row in rows if row in journal.settled and journal.settled[row].retryable),
         "turns_regenerated": turns,
         "truncated_turns": truncated,
         "generated_tokens": tokens,
@@ -111,6 +112,7 @@ def completed(config: RegenerateConfig) -> dict[str, Any] | None:
         and identity.get("enable_thinking") == config.enable_thinking
         and identity.get("drop_truncated") == config.drop_truncated
         and identity.get("input_path") == str(config.dataset.resolve())
+        and (identity.get("shard_index", 0), identity.get("num_shards", 1)) == (config.shard_index, config.num_shards)
     )
     return summary if same else None
 
@@ -288,7 +290,8 @@ class Regeneration:
         self.client = client = GenerateClient(config.server, config.request_timeout_s, config.concurrency + 8)
         if config.metrics_port:
             self.metrics.serve(config.metrics_port, config.metrics_host)
-        self.metrics.planned.set(source.num_rows)
+        rows = config.shard_rows(source.num_rows)
+        self.metrics.planned.set(len(rows))
         self.metrics.running.set(1)
         try:
             client.server.wait_until_healthy(config.health_timeout_s, self.stop)
@@ -304,7 +307,8 @@ class Regeneration:
                 tokenizer_fingerprint=model.fingerprint, chat_template_sha256=model.template_sha256, sampling=sampling,
                 turns=config.turns, reasoning=config.reasoning, enable_thinking=config.enable_thinking,
                 drop_truncated=config.drop_truncated, input_path=str(source.path.resolve()), input_split=source.split,
-                input_fingerprint=source.fingerprint, input_rows=source.num_rows,
+                input_fingerprint=source.fingerprint, input_rows=source.num_rows, shard_index=config.shard_index,
+                num_shards=config.num_shards,
             )
             summary.model = identity.model_path
             journal = Journal.open(config.journal_dir, identity)
@@ -316,17 +320,17 @@ class Regeneration:
                 self._probe(prompter)
                 meta = {"model": identity.model_path, "model_fingerprint": fingerprint, "sampling": sampling,
                         "reasoning": config.reasoning}
-                self._loop(journal, source, prompter, meta, summary)
+                self._loop(journal, source, rows, prompter, meta, summary)
                 if self._fatal is not None:
                     raise self._fatal
-                summary.counts = tally(journal, source.num_rows)
+                summary.counts = tally(journal, rows)
                 if self.stop.is_set():
                     summary.status, summary.stop_reason = INTERRUPTED, self.stop_reason
                 elif summary.counts["pending"] or summary.counts["retryable"]:
                     summary.status = INCOMPLETE
                 else:
-                    write_output(config.output, journal, source.num_rows)
-                    write_errors(journal, source.num_rows)
+                    write_output(config.output, journal, rows)
+                    write_errors(journal, rows)
                     summary.status = COMPLETE
                     summary.seconds = time.monotonic() - started
                     write_summary(journal, {"counts": summary.counts, "identity": identity.to_json(),
@@ -342,19 +346,22 @@ class Regeneration:
         summary.seconds = time.monotonic() - started
         return summary
 
-    def _loop(self, journal: Journal, source: Any, prompter: Prompter, meta: dict[str, Any], summary: RegenSummary) -> None:
+    def _loop(
+        self, journal: Journal, source: Any, rows: range, prompter: Prompter, meta: dict[str, Any], summary: RegenSummary
+    ) -> None:
         from tqdm import tqdm
 
         config = self.config
-        summary.resumed = sum(1 for row in range(source.num_rows) if journal.done(row))
+        summary.resumed = sum(1 for row in rows if journal.done(row))
         self.metrics.rows.labels("resumed").inc(summary.resumed)
-        log.info("regenerating %d conversations of %s with %s into %s%s", source.num_rows, source.path, meta["model"],
-                 config.output, f" ({summary.resumed} already done)" if summary.resumed else "")
+        shard = f" (shard {config.shard_index}/{config.num_shards})" if config.num_shards > 1 else ""
+        log.info("regenerating %d conversations of %s%s with %s into %s%s", len(rows), source.path, shard,
+                 meta["model"], config.output, f" ({summary.resumed} already done)" if summary.resumed else "")
         slots = threading.Semaphore(config.concurrency)
-        with tqdm(total=source.num_rows, initial=summary.resumed, unit="row", desc="regenerate",
+        with tqdm(total=len(rows), initial=summary.resumed, unit="row", desc="regenerate",
                   disable=not config.progress) as bar, ThreadPoolExecutor(config.concurrency, "hsextract-regen") as pool:
             for row, raw in source.iter_rows():
-                if journal.done(row):
+                if row % config.num_shards != config.shard_index or journal.done(row):
                     continue
                 while not slots.acquire(timeout=0.5):
                     if self.stop.is_set():

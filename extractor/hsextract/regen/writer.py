@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,22 +18,25 @@ from hsextract.contract.atomic import atomic_write_bytes, remove_quietly, temp_p
 from hsextract.regen.journal import ERRORS_FILE, OK, SUMMARY_FILE, Journal
 
 
-def _ok_rows(journal: Journal, rows: int) -> Iterator[dict[str, Any]]:
-    for row in range(rows):
+def _ok_rows(journal: Journal, rows: Sequence[int]) -> Iterator[dict[str, Any]]:
+    for row in rows:
         settled = journal.settled[row]
         if settled.status == OK:
             yield journal.record(row)["output"]
 
 
-def _write_jsonl(path: Path, rows: Iterator[dict[str, Any]]) -> None:
+def _write_jsonl(path: Path, rows: Iterator[dict[str, Any]]) -> int:
+    count = 0
     with open(path, "wb") as handle:
         for row in rows:
             handle.write((json.dumps(row, ensure_ascii=False, default=str) + "\n").encode())
+            count += 1
         handle.flush()
         os.fsync(handle.fileno())
+    return count
 
 
-def _write_parquet(path: Path, rows: Iterator[dict[str, Any]]) -> None:
+def _write_parquet(path: Path, rows: Iterator[dict[str, Any]]) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -41,19 +44,21 @@ def _write_parquet(path: Path, rows: Iterator[dict[str, Any]]) -> None:
     pq.write_table(table, path)
     with open(path, "rb") as handle:
         os.fsync(handle.fileno())
+    return int(table.num_rows)
 
 
-def write_output(output: Path, journal: Journal, rows: int) -> int:
+def write_rows(path: Path, rows: Iterator[dict[str, Any]], parquet: bool) -> int:
+    """Write ``rows`` to ``path`` (Parquet, else JSONL), fsync'd; return how many."""
+    return _write_parquet(path, rows) if parquet else _write_jsonl(path, rows)
+
+
+def write_output(output: Path, journal: Journal, rows: Sequence[int]) -> int:
     """Write OUT from the journal's ok rows; return how many rows it holds."""
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(output)
-    count = sum(1 for row in range(rows) if journal.settled[row].status == OK)
     try:
-        if output.suffix == ".parquet":
-            _write_parquet(tmp, _ok_rows(journal, rows))
-        else:
-            _write_jsonl(tmp, _ok_rows(journal, rows))
+        count = write_rows(tmp, _ok_rows(journal, rows), parquet=output.suffix == ".parquet")
         os.replace(tmp, output)
     except BaseException:
         remove_quietly(tmp)
@@ -61,10 +66,10 @@ def write_output(output: Path, journal: Journal, rows: int) -> int:
     return count
 
 
-def write_errors(journal: Journal, rows: int) -> int:
+def write_errors(journal: Journal, rows: Sequence[int]) -> int:
     """``errors.jsonl``: one line per failed or skipped row, in input order; return how many."""
     lines = []
-    for row in range(rows):
+    for row in rows:
         if journal.settled[row].status != OK:
             record = journal.record(row)
             lines.append(json.dumps({k: record.get(k) for k in ("row", "id", "status", "reason", "message")},
