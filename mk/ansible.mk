@@ -44,7 +44,7 @@ ansible-status: setup-ansible  ## server health, units, /dev/shm and disk use of
 
 lint-ansible: setup-ansible  ## ansible-lint (production profile) and syntax checks
 	ANSIBLE_CONFIG=ansible.cfg $(ANSIBLE_BIN)/ansible-lint --offline
-	for p in deploy.yml playbooks/restart.yml playbooks/extract.yml playbooks/status.yml playbooks/takeover.yml; do \
+	for p in deploy.yml playbooks/restart.yml playbooks/extract.yml playbooks/status.yml playbooks/takeover.yml playbooks/regenerate.yml; do \
 	  ANSIBLE_CONFIG=ansible.cfg $(ANSIBLE_BIN)/ansible-playbook --syntax-check $$p >/dev/null; done
 
 test-deploy: setup-ansible setup-sglang monitoring-deps  ## deployment tests: lint, roles, and deploy.yml against a real LXC container (embedded runtime and the real SGLang server)

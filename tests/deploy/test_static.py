@@ -115,7 +115,8 @@ def test_make_help_lists_every_target_with_its_text_aligned() -> None:
 
 
 def test_syntax_check():
-    for playbook in ("deploy.yml", "playbooks/restart.yml", "playbooks/extract.yml", "playbooks/status.yml"):
+    for playbook in ("deploy.yml", "playbooks/restart.yml", "playbooks/extract.yml", "playbooks/status.yml",
+                     "playbooks/regenerate.yml"):
         proc = subprocess.run(
             [str(ANSIBLE_BIN / "ansible-playbook"), "--syntax-check", playbook],
             cwd=REPO, env=ansible_env(), capture_output=True, text=True,
