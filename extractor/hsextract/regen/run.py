@@ -289,6 +289,7 @@ class Regeneration:
         if config.metrics_port:
             self.metrics.serve(config.metrics_port, config.metrics_host)
         self.metrics.planned.set(source.num_rows)
+        self.metrics.run_started.set(time.time())
         self.metrics.running.set(1)
         try:
             client.server.wait_until_healthy(config.health_timeout_s, self.stop)
