@@ -163,7 +163,7 @@ def test_the_alert_settings_reach_the_installed_rules(scratch: dict[str, Path], 
     base = yaml.safe_load(ALERT_SETTINGS.read_text())["hsx_monitoring_runbook_base_url"].rstrip("/")
     alerts = yaml.safe_load((scratch["rules"] / "hsextract.alerts.yml").read_text())
     rules = [rule for group in alerts["groups"] for rule in group["rules"]]
-    assert len(rules) == 9
+    assert len(rules) == 12
     for rule in rules:
         url = rule["annotations"]["runbook_url"]
         assert url.startswith(base + "/"), f"{rule['alert']}: {url}"
@@ -179,7 +179,7 @@ def test_the_alert_settings_reach_the_installed_rules(scratch: dict[str, Path], 
     check = subprocess.run(argv, cwd=scratch["config"], capture_output=True, text=True, timeout=60)
     assert check.returncode != 0
     cases = [case["name"] for case in yaml.safe_load(ALERT_SETTINGS_TESTS.read_text())["tests"]]
-    assert len(cases) == 7
+    assert len(cases) == 8
     for case in cases:
         assert f"name: {case}," in check.stdout + check.stderr, case
 
@@ -192,6 +192,8 @@ OUT_OF_RANGE = "hsx_monitoring: the alert settings are out of range"
     [
         ("hsx_monitoring_alert_stalled_minutes=5", OUT_OF_RANGE),
         ("hsx_monitoring_alert_stalled_quiet_minutes=-1", OUT_OF_RANGE),
+        ("hsx_monitoring_alert_regen_stalled_minutes=5", OUT_OF_RANGE),
+        ("hsx_monitoring_alert_regen_quiet_minutes=-1", OUT_OF_RANGE),
         ("hsx_monitoring_alert_shm_ratio=1.5", OUT_OF_RANGE),
         ("hsx_monitoring_alert_error_ratio=0", OUT_OF_RANGE),
         ("hsx_monitoring_runbook_base_url=''", OUT_OF_RANGE),

@@ -131,11 +131,14 @@ def test_prometheus_scrapes_a_real_extraction(
         for title, expr in dashboard_queries()
     ]
     waiting = {(title, expr) for title, expr in queries if not is_sglang_only(expr)}
-    # instance: rules carry the extractor's instance; job: rules (the fleet's sums) only its job
-    waiting |= {
-        (name, f'{name}{{job="hsextract"}}' if name.startswith("job:") else f'{name}{{instance="{instance}"}}')
-        for name in recorded_series()
-    }
+    # instance: rules carry the extractor's instance (instance:hsextract_regen_ ones the regeneration's); job: rules
+    # (the fleet's sums) only its job
+    def rule_query(name: str) -> str:
+        if name.startswith("job:"):
+            return f'{name}{{job="hsextract"}}'
+        return f'{name}{{instance="{regen_instance if name.startswith("instance:hsextract_regen_") else instance}"}}'
+
+    waiting |= {(name, rule_query(name)) for name in recorded_series()}
 
     def all_have_data() -> bool:
         assert extractor.poll() is None, "the extraction ended before every query had data:\n" + processes.log("extract")

@@ -60,6 +60,9 @@ def test_the_issue_s_alerts_exist() -> None:
         "HsextractSGLangDown",
         "HsextractExtractorDown",
         "HsextractShardBehind",
+        "HsextractRegenerationStalled",
+        "HsextractRegenerationErrorRateHigh",
+        "HsextractRegenerationServerDown",
     } <= names
 
 
@@ -92,5 +95,10 @@ def test_recording_rules_follow_the_naming_convention_and_are_all_used_or_docume
         level, metric, _ = name.split(":")
         assert level in ("instance", "job") and metric.startswith("hsextract_"), name  # job: the fleet of shards
     used = " ".join(rule["expr"] for rule in rules_of("alert") + rules_of("record"))
-    for name in ("instance:hsextract_eta:seconds", "instance:hsextract_samples_remaining:sum"):
+    for name in (
+        "instance:hsextract_eta:seconds",
+        "instance:hsextract_samples_remaining:sum",
+        "instance:hsextract_regen_rows_remaining:sum",
+        "instance:hsextract_regen_error_ratio:rate5m",
+    ):
         assert name in used

@@ -25,6 +25,7 @@ EXPECTED = {
     "errors-rising.md",
     "change-model-or-layers.md",
     "shard-behind.md",
+    "regeneration.md",
 }
 
 

@@ -44,6 +44,11 @@ class RegenMetrics:
         self.planned = Gauge("hsextract_regen_rows_planned", "Input rows of this run", registry=r)
         self.running = Gauge("hsextract_regen_running", "1 while a regeneration runs, 0 once it has finished", registry=r)
         self.server_up = Gauge("hsextract_regen_server_up", "1 when the server answered the last request", registry=r)
+        self.run_started = Gauge(
+            "hsextract_regen_run_start_time_seconds",
+            "Unix time the current regeneration run started (alerts stay quiet at first)",
+            registry=r,
+        )
         self.request_seconds = Histogram(
             "hsextract_regen_request_seconds",
             "Seconds of one /generate request (one assistant turn)",

@@ -292,6 +292,7 @@ class Regeneration:
             self.metrics.serve(config.metrics_port, config.metrics_host)
         rows = config.shard_rows(source.num_rows)
         self.metrics.planned.set(len(rows))
+        self.metrics.run_started.set(time.time())
         self.metrics.running.set(1)
         try:
             client.server.wait_until_healthy(config.health_timeout_s, self.stop)
