@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 WORK ?= work
 PYTEST_ARGS ?=
 
-.PHONY: help setup setup-sglang setup-trainers extract pipeline test test-fast test-docker lint bench bench-generate bench-gpu bench-gpu-e2e clean
+.PHONY: help setup setup-sglang setup-trainers extract pipeline test test-fast test-docker lint bench bench-generate bench-gpu bench-gpu-e2e bench-gpu-fleet clean
 
 # Deployment (Ansible) and monitoring targets live in their own files.
 include $(wildcard mk/*.mk)
@@ -96,6 +96,10 @@ else ifneq ($(FP8),)
 else
 	PYTHONPATH=extractor $(or $(GPU_PYTHON),python3) bench/bench_gpu_e2e.py --out bench/results-gpu-e2e.json $(BENCH_ARGS)
 endif
+
+# N servers, one per GPU (--gpus, default all), one extractor process per shard, merge + verify, bf16 and FP8 (issue 21)
+bench-gpu-fleet:  ## on a GPU host: N GPUs' aggregate tokens/s against N x one GPU's and the disk, host CPU, merge + verify; writes bench/results-gpu-fleet.json
+	PYTHONPATH=extractor:bench $(or $(GPU_PYTHON),python3) bench/bench_gpu_fleet.py --out bench/results-gpu-fleet.json $(BENCH_ARGS)
 
 clean:  ## remove the venvs and the default run's files
 	rm -rf $(VENV) .venv-sglang .venv-trainers .venv-ansible $(WORK)
