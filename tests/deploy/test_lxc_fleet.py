@@ -22,11 +22,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .helpers import REPO, TEST_SETTINGS, TESTBED, Container, _require_host, run_playbook
+from .helpers import REPO, TEST_SETTINGS, TESTBED, Container, _require_host, run_make, run_playbook
 
 FLEET = {"fleet-a": ("hsx-fleet-a", "10.197.91"), "fleet-b": ("hsx-fleet-b", "10.197.92")}
 ROWS = 400  # 200 a shard: long enough to kill one extraction mid-run
 OUTPUT = TEST_SETTINGS["hsx_output_dir"]
+REGEN_ROWS = 9  # 5 + 4: shards of different sizes
 SSH_OPTIONS = "--ssh-option StrictHostKeyChecking=no --ssh-option UserKnownHostsFile=/dev/null"
 
 
@@ -67,6 +68,12 @@ def inventory(containers: dict[str, Container], tmp_path_factory: pytest.TempPat
         "hsx_container_env_pip_args": ["--no-index", "--find-links", "/srv/wheelhouse"],
         "hsx_container_env_hsextract_src": str(work / "extractor"),
         "hsx_container_env_constraints": str(work / "constraints.txt"),
+        # make regenerate: the same sample conversations in both containers (fixed seed), a few short answers
+        "hsx_regen_dataset": "/opt/hsextract/conversations.jsonl",
+        "hsx_regenerator_make_sample_data": True,
+        "hsx_regenerator_sample_rows": REGEN_ROWS,
+        "hsx_regenerator_max_new_tokens": 6,
+        "hsx_regenerator_concurrency": 4,
     }
     (root / "group_vars").mkdir()
     (root / "group_vars" / "all.yml").write_text(yaml.safe_dump(settings, sort_keys=False))
@@ -209,3 +216,37 @@ def test_a_lost_containers_shard_is_finished_on_the_other_one(
                             capture_output=True, text=True, timeout=300)  # fmt: skip
     assert merged.returncode == 0, merged.stdout + merged.stderr
     assert json.loads((into / "data_config.json").read_text())["total_samples"] == ROWS
+
+
+def test_make_regenerate_gives_each_container_its_shard_and_merges_them_in_input_order(
+    deployed: None, containers: dict[str, Container], inventory: Path, tmp_path: Path
+) -> None:
+    """make regenerate: playbooks/regenerate.yml over both containers (each regenerates its shard with its own
+    embedded server, followed to its end), then the shards gathered over SSH and joined in input order."""
+    into = tmp_path / "regenerated.jsonl"
+    started = time.monotonic()
+    done = run_make("regenerate", inventory, "-o", ".venv/.setup-done", f"REGEN_INTO={into}",
+                    f"REGEN_MERGE_ARGS={SSH_OPTIONS}")  # fmt: skip
+    assert done.rc == 0, done.output[-8000:]
+    print(f"make regenerate over two containers: {time.monotonic() - started:.0f} s")
+    assert f"MERGED 2 regeneration shard(s) into {into}: input rows {REGEN_ROWS}: ok {REGEN_ROWS}" in done.output
+    for index, host in enumerate(sorted(FLEET)):
+        config = yaml.safe_load(containers[host].run("cat /etc/hsextract/regenerate.yaml").stdout)
+        assert (config["shard_index"], config["num_shards"]) == (index, 2), host
+    given = [json.loads(line) for line in containers["fleet-a"].run("cat /opt/hsextract/conversations.jsonl").stdout.splitlines()]
+    merged = [json.loads(line) for line in into.read_text().splitlines()]
+    assert [row["id"] for row in merged] == [row["id"] for row in given]
+    assert [row["regen"]["source_row"] for row in merged] == list(range(REGEN_ROWS))
+    for row, source in zip(merged, given, strict=True):
+        assert len(row["conversations"]) == len(source["conversations"])
+        assert all(t["finish_reason"] in ("stop", "length") and t["generated_tokens"] <= 6 for t in row["regen"]["turns"])
+    summary = json.loads(into.with_name(into.name + ".journal").joinpath("summary.json").read_text())
+    assert [m["shard_index"] for m in summary["merged_from"]] == [0, 1]
+    assert [m["counts"]["rows_in"] for m in summary["merged_from"]] == [5, 4]
+    # a rerun: both shards are complete (nothing regenerated again), the merge writes the same file
+    before = into.read_bytes()
+    again = run_make("regenerate", inventory, "-o", ".venv/.setup-done", f"REGEN_INTO={into}",
+                     f"REGEN_MERGE_ARGS={SSH_OPTIONS}")  # fmt: skip
+    assert again.rc == 0, again.output[-8000:]
+    assert again.output.count("ALREADY COMPLETE") == 2, again.output[-4000:]
+    assert into.read_bytes() == before
