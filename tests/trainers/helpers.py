@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,7 +20,11 @@ from typing import Any
 
 import pytest
 import torch
+from hs_connectors import FileTransfer
 from safetensors import safe_open
+from specforge.algorithms.eagle3.data import build_offline_collator, build_offline_normalizer, build_offline_reader
+from specforge.runtime.data_plane.feature_dataloader import FeatureDataLoader
+from specforge.runtime.data_plane.feature_store import LocalFeatureStore
 from speculators.models.eagle3.data import shift_batch
 from speculators.train.data import ArrowDataset
 from speculators.train.dataloader import _setup_dataloader
@@ -126,9 +131,14 @@ def arrow_dataset(out: Output, total_seq_len: int, transfer: Any) -> ArrowDatase
     )
 
 
-def assert_multipack_collates_every_written_token(out: Output, dataset: ArrowDataset) -> None:
+def dataset_from_flags(out: Output, total_seq_len: int) -> ArrowDataset:
+    """speculators' ArrowDataset over ``out`` with hs-connectors' FileTransfer, from the recorded flags."""
+    return arrow_dataset(out, total_seq_len, FileTransfer(out.path / out.config["trainer"]["flags"]["--hidden-states-path"]))
+
+
+def assert_multipack_collates_every_written_token(out: Output, dataset: ArrowDataset, unavailable: int = 1) -> None:
     """speculators' multipack loader (``_setup_dataloader``, ``shift_batch``) over ``dataset``: every batch
-    full and finite bf16, every written token collated, the bad row counted as unavailable."""
+    full and finite bf16, every written token collated, ``unavailable`` rows (the bad one) counted as unavailable."""
     total, hidden = out.config["trainer"]["flags"]["--total-seq-len"], out.config["hidden_size"]
     loader = _setup_dataloader(
         dataset, total, hidden, num_workers=0, num_target_layers=3, prefetch_factor=None, preprocess=shift_batch
@@ -142,4 +152,26 @@ def assert_multipack_collates_every_written_token(out: Output, dataset: ArrowDat
         dropped += batch["error_records"]
     written = [open_format("speculators", out.path).read_sample(r).input_ids.shape[0] for r in out.written_rows]
     assert tokens == sum(n - 1 for n in written)  # shift_batch drops one position per sample
-    assert dropped == 1  # the bad row, counted by the collator as unavailable
+    assert dropped == unavailable  # the bad row, counted by the collator as unavailable
+
+
+def row_of(ref: Any) -> int:
+    match = re.search(r"data_(\d+)\.ckpt$", ref.feature_store_uri)
+    assert match, ref.feature_store_uri
+    return int(match.group(1))
+
+
+def load_all(out: Output, max_len: int, batch_size: int = 1) -> list[tuple[list[int], dict[str, torch.Tensor]]]:
+    """Every batch SpecForge's offline loader yields, with the rows it holds."""
+    refs = build_offline_reader(str(out.path), run_id="test", ttt_length=7, max_len=max_len).read()
+    loader = FeatureDataLoader(
+        LocalFeatureStore("test"),
+        refs=refs,
+        batch_size=batch_size,
+        collate_fn=build_offline_collator(),
+        per_sample_transform=build_offline_normalizer(max_len),
+        drop_last=False,
+        strategy="eagle3",
+    )
+    row = {ref.sample_id: row_of(ref) for ref in refs}
+    return [([row[i] for i in batch.sample_ids], batch.tensors) for batch in loader]

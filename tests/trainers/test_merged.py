@@ -18,8 +18,7 @@ from hsextract.extract.merge import merge_outputs
 from hsextract.extract.verify import verify_output
 
 from ..helpers import RunningServer, run_extraction
-from .helpers import BAD_ROW, MAX_SEQ_LEN, ROWS, VOCAB, Output, add_checkpoint_index, write_dataset
-from .test_specforge import load_all
+from .helpers import BAD_ROW, MAX_SEQ_LEN, ROWS, VOCAB, Output, add_checkpoint_index, load_all, write_dataset
 
 
 @pytest.fixture(scope="module")

@@ -8,48 +8,20 @@ frozen ``TargetHead`` turns the stored final state into the target logits.
 
 from __future__ import annotations
 
-import re
-from typing import Any
-
 import pytest
 import torch
 import transformers
-from specforge.algorithms.eagle3.data import build_offline_collator, build_offline_normalizer, build_offline_reader
 from specforge.algorithms.model_providers import resolve_eagle_capture_layers
 from specforge.config.schema import Config, DataConfig
 from specforge.modeling.target.target_head import TargetHead
-from specforge.runtime.data_plane.feature_dataloader import FeatureDataLoader
-from specforge.runtime.data_plane.feature_store import LocalFeatureStore
 
 from hsextract.contract.layers import default_aux_layer_ids
 from hsextract.extract.formats import open_format
 from hsextract.extract.formats.specforge import SPECFORGE_DEFAULT_MAX_LENGTH, SPECFORGE_DTYPE
 
-from .helpers import BAD_ROW, MAX_SEQ_LEN, Output
+from .helpers import BAD_ROW, MAX_SEQ_LEN, load_all
 
 ARCHS = ["deepseek_v3", "llama", "qwen2"]
-
-
-def row_of(ref: Any) -> int:
-    match = re.search(r"data_(\d+)\.ckpt$", ref.feature_store_uri)
-    assert match, ref.feature_store_uri
-    return int(match.group(1))
-
-
-def load_all(out: Output, max_len: int, batch_size: int = 1) -> list[tuple[list[int], dict[str, torch.Tensor]]]:
-    """Every batch SpecForge's offline loader yields, with the rows it holds."""
-    refs = build_offline_reader(str(out.path), run_id="test", ttt_length=7, max_len=max_len).read()
-    loader = FeatureDataLoader(
-        LocalFeatureStore("test"),
-        refs=refs,
-        batch_size=batch_size,
-        collate_fn=build_offline_collator(),
-        per_sample_transform=build_offline_normalizer(max_len),
-        drop_last=False,
-        strategy="eagle3",
-    )
-    row = {ref.sample_id: row_of(ref) for ref in refs}
-    return [([row[i] for i in batch.sample_ids], batch.tensors) for batch in loader]
 
 
 @pytest.mark.parametrize("arch", ARCHS)

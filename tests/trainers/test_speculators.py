@@ -18,7 +18,6 @@ from hs_connectors import FileTransfer
 from speculators.data_generation.offline import check_hidden_states
 from speculators.models.utils import resolve_target_layer_ids
 from speculators.train.config.schema import DataArgs, GenerationArgs
-from speculators.train.data import ArrowDataset
 from speculators.train.dataloader import _setup_dataloader
 from speculators.train.recovery import SampleUnavailable
 
@@ -26,13 +25,9 @@ from hsextract.contract.layers import capture_indices, default_aux_layer_ids
 from hsextract.extract.formats import open_format
 from hsextract.extract.formats.speculators import SPECULATORS_DEFAULT_TOTAL_SEQ_LEN
 
-from .helpers import BAD_ROW, ROWS, Output, arrow_dataset, assert_multipack_collates_every_written_token
+from .helpers import BAD_ROW, ROWS, assert_multipack_collates_every_written_token, dataset_from_flags
 
 ARCHS = ["deepseek_v3", "llama", "qwen2"]
-
-
-def dataset_from_flags(out: Output, total_seq_len: int) -> ArrowDataset:
-    return arrow_dataset(out, total_seq_len, FileTransfer(out.path / out.config["trainer"]["flags"]["--hidden-states-path"]))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
