@@ -4,7 +4,10 @@ For each concurrency C (default 1, 16, 64): C prompts of --prompt-len random tok
 exactly --new-tokens greedy tokens (``ignore_eos``), sent at once over HTTP to an in-process
 ``hsextract serve`` (``Engine`` + ``HttpFront``: continuous batching, capture/embedded/decode.py),
 against one ``model.generate(do_sample=False)`` call on the same C prompts as one batch. Decode tokens/s
-is ``C * new_tokens / wall`` (prefill included in both), after one warm-up run of each. Each case runs
+is ``C * new_tokens / wall`` (prefill included in both), after one warm-up run of each. For the server
+the fastest run's wall time is split (``where``) into its prefill forwards (requests are admitted as they
+arrive, so C requests may take several), its decode steps (``hsextract_server_decode_seconds``) and the
+rest (HTTP, admission, answering), to compare with ``generate``'s seconds per new token. Each case runs
 in its own subprocess, so its peak memory is its own: the process's peak RSS on the CPU, and
 ``torch.cuda.max_memory_allocated`` on a GPU.
 
@@ -87,21 +90,38 @@ def run_server(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
             assert answers is not None, "not a generation answer"
             return len(answers[0].output_ids)
 
-        def batch(tag: int) -> float:
+        def phases() -> dict[str, float]:
+            read = engine.clock.registry.get_sample_value
+            return {f"{phase}_{kind}": read(f"hsextract_server_decode_seconds_{kind}", {"phase": phase}) or 0.0
+                    for phase in ("prefill", "step") for kind in ("count", "sum")}  # fmt: skip
+
+        def batch(tag: int) -> tuple[float, dict[str, float]]:
             prompts = _prompts(concurrency, args.prompt_len, engine.vocab_size)
+            before = phases()
             started = time.perf_counter()
             with ThreadPoolExecutor(concurrency) as pool:
                 tokens = sum(pool.map(one, [(tag * 1000 + i, p) for i, p in enumerate(prompts)]))
             assert tokens == concurrency * args.new_tokens
-            return time.perf_counter() - started
+            wall = time.perf_counter() - started
+            return wall, {k: v - before[k] for k, v in phases().items()}
 
         batch(0)  # warm-up
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        wall = min(batch(r + 1) for r in range(args.repeats))
+        wall, spent = min((batch(r + 1) for r in range(args.repeats)), key=lambda run: run[0])
         peak = _peak(args.device)
         server.shutdown()
-    return {"tokens_per_s": concurrency * args.new_tokens / wall, "wall_s": wall, "peak_bytes": peak}
+    # where the fastest run's wall time went: prefill forwards (requests admitted as they arrived), decode
+    # steps, and the rest (HTTP, admission, answering)
+    where = {
+        "prefills": int(spent["prefill_count"]),
+        "prefill_s": spent["prefill_sum"],
+        "steps": int(spent["step_count"]),
+        "step_s": spent["step_sum"],
+        "seconds_per_step": spent["step_sum"] / max(spent["step_count"], 1),
+        "other_s": wall - spent["prefill_sum"] - spent["step_sum"],
+    }
+    return {"tokens_per_s": concurrency * args.new_tokens / wall, "wall_s": wall, "peak_bytes": peak, "where": where}
 
 
 def run_hf(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
@@ -165,6 +185,8 @@ def main() -> int:
                 raise SystemExit(f"{kind} at concurrency {concurrency} failed:\n{done.stderr[-3000:]}")
             row[kind] = json.loads(done.stdout.strip().splitlines()[-1])
         row["tokens_per_s_ratio"] = row["server"]["tokens_per_s"] / row["hf"]["tokens_per_s"]
+        # generate's wall over its new tokens: its prefill spread over the steps, an upper bound of its step
+        row["hf"]["seconds_per_token_step"] = row["hf"]["wall_s"] / args.new_tokens
         row["peak_memory_ratio"] = row["server"]["peak_bytes"] / row["hf"]["peak_bytes"]
         cases[str(concurrency)] = row
         server, hf = row["server"]["tokens_per_s"], row["hf"]["tokens_per_s"]

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from hsextract.capture.embedded.inbox import drain_inbox
 from hsextract.capture.embedded.kv_batch import KVBatch, check_layers
@@ -49,6 +49,11 @@ from hsextract.contract.generate import FinishReason, GenerationAnswer, Generati
 from hsextract.errors import BadRequestError
 
 log = logging.getLogger(__name__)
+
+#: the ``phase`` label values of ``hsextract_server_decode_seconds``: one prefill forward of newly admitted
+#: requests (their first token included), and one batched decode step; each ends on reading its tokens back,
+#: so on a GPU the seconds are the device's as well as the host's
+DECODE_PHASES = ("prefill", "step")
 
 
 @dataclass(eq=False)
@@ -131,6 +136,15 @@ class DecodeScheduler:
         self.kv_gauge = Gauge(
             "hsextract_server_decode_kv_slots", "Token slots of the decode KV cache (padding included)", registry=r
         )
+        self.phase_seconds = Histogram(
+            "hsextract_server_decode_seconds",
+            "Seconds of one decode-scheduler forward: prefill (admitted requests) or step (every running request)",
+            ["phase"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        for phase in DECODE_PHASES:
+            self.phase_seconds.labels(phase)
         self._thread = threading.Thread(target=self._loop, name="hsextract-decode", daemon=True)
         self._thread.start()
 
@@ -194,9 +208,11 @@ class DecodeScheduler:
             try:
                 with torch.inference_mode():
                     if admitted:
-                        self._prefill(admitted)
+                        with self.phase_seconds.labels("prefill").time():
+                            self._prefill(admitted)
                     if self._running:
-                        self._step()
+                        with self.phase_seconds.labels("step").time():
+                            self._step()
             except Exception as exc:  # a failed forward fails its requests, not the server
                 log.exception("decode forward failed")
                 for item in [*admitted, *self._running]:
