@@ -40,6 +40,12 @@ class ServeConfig(StrictConfig):
         description="KV token budget of generation (max_new_tokens > 0), padding included: requests beyond it wait",
     )
     max_running_requests: int = Field(128, gt=0, description="generation requests decoding together at most")
+    cudnn_attention: bool = Field(
+        False,
+        description="let PyTorch pick its cuDNN attention kernel on a GPU (off by default: it builds an execution plan "
+        "for every new shape and thread, which made decode steps 1.3 to 3.5x slower on an H200; see "
+        "docs/design-notes.md)",
+    )
 
     @field_validator("chunked_prefill_size")
     @classmethod

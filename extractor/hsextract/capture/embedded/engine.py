@@ -97,6 +97,10 @@ class Engine:
         device, dtype = config.device, config.dtype
         if device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("device cuda asked for but torch sees no GPU; use --device cpu")
+        # PyTorch's cuDNN attention builds an execution plan per new shape and per thread: every decode step
+        # (one column longer than the last, a batch that changed) paid a build on the decode thread. A process-wide
+        # switch (the flag is global): flash and memory-efficient attention take its place.
+        torch.backends.cuda.enable_cudnn_sdp(config.cudnn_attention)
         kwargs: dict[str, Any] = {} if dtype == "auto" else {"dtype": _DTYPES[dtype]}
         model = transformers.AutoModelForCausalLM.from_pretrained(self.model_path, **kwargs)
         # transformers types Module.to through a decorator that mypy misreads
