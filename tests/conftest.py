@@ -14,6 +14,7 @@ import pytest
 from hsextract.dev.tiny_model import make_tiny_model
 
 from .helpers import RunningServer
+from .regen_server import FakeSGLang
 
 UNIT_DIR = Path(__file__).parent / "unit"
 
@@ -52,3 +53,18 @@ def start_server(tmp_path: Path) -> Iterator[object]:
     yield start
     for running in started:
         running.stop()
+
+
+@pytest.fixture(scope="session")
+def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A float32 tiny Qwen2 with its ChatML tokenizer: the model a fake SGLang server names (regeneration tests)."""
+    return make_tiny_model(tmp_path_factory.mktemp("regen-model"), arch="qwen2", layers=8, hidden=32, vocab_size=1024,
+                           dtype="float32")
+
+
+@pytest.fixture
+def fake(chat_model: Path) -> Iterator[FakeSGLang]:
+    """tests/regen_server.py's HTTP server in SGLang's /generate decode shapes, serving ``chat_model``."""
+    server = FakeSGLang(str(chat_model))
+    yield server
+    server.stop()

@@ -10,11 +10,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from prometheus_client import CollectorRegistry
 
 from hsextract.cli import main
@@ -29,21 +27,6 @@ from hsextract.regen.prompts import Prompter, end_of_turn_ids, shape_answer, sto
 from .regen_server import FakeSGLang, write_rows
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from hsextract.dev.tiny_model import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("regen-model"), arch="qwen2", layers=8, hidden=32, vocab_size=1024,
-                           dtype="float32")
-
-
-@pytest.fixture
-def fake(chat_model: Path) -> Iterator[FakeSGLang]:
-    server = FakeSGLang(str(chat_model))
-    yield server
-    server.stop()
 
 
 def _run(fake: FakeSGLang, dataset: Path, output: Path, **settings: Any) -> Any:

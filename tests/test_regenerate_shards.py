@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,21 +24,6 @@ from hsextract.regen.run import completed
 from .regen_server import FakeSGLang, write_rows
 
 ROWS = 11  # not a multiple of the shard count: the shards differ in size
-
-
-@pytest.fixture(scope="module")
-def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from hsextract.dev.tiny_model import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("regen-model"), arch="qwen2", layers=8, hidden=32, vocab_size=1024,
-                           dtype="float32")
-
-
-@pytest.fixture
-def fake(chat_model: Path) -> Iterator[FakeSGLang]:
-    server = FakeSGLang(str(chat_model))
-    yield server
-    server.stop()
 
 
 @pytest.fixture
