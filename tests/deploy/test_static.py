@@ -638,3 +638,13 @@ def test_proxmox_role_refuses_an_existing_container_in_the_other_mode_or_without
     conf = (conf_dir / "195.conf").read_text().splitlines()
     assert {"cores: 1", "memory: 8192", "unprivileged: 1", "features: nesting=1"} <= set(conf), conf
     assert pct_log.read_text().splitlines() == ["status 195"], "a stopped existing container is neither rebooted nor started"
+
+
+def test_make_regenerate_without_an_inventory_names_the_fix_and_runs_nothing() -> None:
+    env = {k: v for k, v in ansible_env().items() if not k.startswith("MAKE")}
+    argv = ["make", "--no-print-directory", "-o", ".venv/.setup-done", "-o", f"{ANSIBLE_BIN.parent}/.setup-done",
+            f"ANSIBLE_VENV={ANSIBLE_BIN.parent}", "HSX_INVENTORY_CONFIGURED=", "regenerate"]  # fmt: skip
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "ConfigError: make regenerate needs an inventory: INVENTORY=DIR" in done.stderr, done.stderr
+    assert "ansible-playbook" not in done.stdout + done.stderr
