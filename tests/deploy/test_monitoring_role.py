@@ -251,3 +251,22 @@ def test_an_embedded_server_is_scraped_under_its_own_job_not_sglang(scratch: dic
     targets = {job: [t for sc in jobs[job]["static_configs"] for t in sc["targets"]] for job in jobs}
     assert targets["sglang"] == ["10.0.3.10:30000"] and targets["hsextract_server"] == ["[fd00::11]:30001"]
     assert jobs["hsextract_server"]["static_configs"][0]["labels"] == {"container": "hsx-b", "shard": "1"}
+
+
+def test_a_regeneration_job_is_scraped_under_job_hsextract_at_its_own_port(scratch: dict[str, Path], promtool: str) -> None:
+    """make regenerate's job serves hsextract_regen_* on hsx_regen_metrics_port: the regeneration alerts and the
+    dashboard's Regeneration row read them from job hsextract, beside the extractor's port."""
+    inventory = yaml.safe_load(scratch["inventory"].read_text())
+    hosts = inventory["all"]["children"]["extraction_containers"]["hosts"]
+    hosts["hsx-a"] = {**hosts["hsx-a"], "hsx_regen_metrics_port": 9411}
+    scratch["inventory"].write_text(yaml.safe_dump(inventory))
+    result = run_playbook(str(scratch["playbook"]), scratch["inventory"])
+    assert result.rc == 0, result.output
+    config = scratch["config"] / "prometheus.yml"
+    check = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    jobs = {job["job_name"]: job for job in yaml.safe_load(config.read_text())["scrape_configs"]}
+    got = {t: sc["labels"] for sc in jobs["hsextract"]["static_configs"] for t in sc["targets"]}
+    regen = {t: labels for t, labels in got.items() if t.endswith(":9411")}
+    assert list(regen.values()) == [{"container": "hsx-a", "shard": "0"}], got
+    assert len(got) == len(EXPECTED_TARGETS["hsextract"]) + 1  # the extractors' targets stay as they were
