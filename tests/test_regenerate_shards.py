@@ -87,8 +87,13 @@ def test_merged_shards_equal_one_unsharded_run(fake: FakeSGLang, dataset: Path, 
     assert (merged["identity"]["shard_index"], merged["identity"]["num_shards"]) == (0, 1)
     errors = (into.parent / f"out{suffix}.journal" / "errors.jsonl").read_text()
     assert errors == (whole.parent / f"out{suffix}.journal" / "errors.jsonl").read_text()
-    # the pipeline takes the merged file for a complete regenerate step of the whole input
+    # the pipeline takes the merged file for a complete regenerate step of the whole input, also where the shards
+    # read it at another path (in their containers): the same content is the same input
     assert completed(_config(fake, dataset, into)) is not None
+    elsewhere = shutil.copy(dataset, tmp_path / "elsewhere.jsonl")
+    assert completed(_config(fake, Path(elsewhere), into)) is not None
+    Path(elsewhere).write_text(dataset.read_text() + dataset.read_text().splitlines()[0] + "\n")
+    assert completed(_config(fake, Path(elsewhere), into)) is None
 
 
 def test_the_merge_refuses_shards_that_do_not_make_one_whole(fake: FakeSGLang, dataset: Path, tmp_path: Path) -> None:

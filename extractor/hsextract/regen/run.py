@@ -111,10 +111,21 @@ def completed(config: RegenerateConfig) -> dict[str, Any] | None:
         and identity.get("reasoning") == config.reasoning
         and identity.get("enable_thinking") == config.enable_thinking
         and identity.get("drop_truncated") == config.drop_truncated
-        and identity.get("input_path") == str(config.dataset.resolve())
         and (identity.get("shard_index", 0), identity.get("num_shards", 1)) == (config.shard_index, config.num_shards)
     )
-    return summary if same else None
+    if not same:
+        return None
+    if identity.get("input_path") == str(config.dataset.resolve()):
+        return summary
+    # another path (a merge of shards made in containers, a moved input): the same input if its content is
+    return summary if _input_fingerprint(config) == identity.get("input_fingerprint") else None
+
+
+def _input_fingerprint(config: RegenerateConfig) -> str | None:
+    try:
+        return open_input(config.dataset, config.split).fingerprint
+    except ConfigError:
+        return None
 
 
 class Regeneration:
