@@ -18,6 +18,11 @@ REASONING_HELP = (
 )
 
 
+def shard_rows(shard_index: int, num_shards: int, rows: int) -> range:
+    """The rows of shard ``shard_index`` of ``num_shards`` in an input of ``rows`` rows: row % num_shards == index."""
+    return range(shard_index, rows, num_shards)
+
+
 class RegenerateConfig(StrictConfig):
     """Options of ``hsextract regenerate``."""
 
@@ -110,7 +115,7 @@ class RegenerateConfig(StrictConfig):
 
     def shard_rows(self, rows: int) -> range:
         """The input rows this run regenerates (all of them unless the input is sharded)."""
-        return range(self.shard_index, rows, self.num_shards)
+        return shard_rows(self.shard_index, self.num_shards, rows)
 
     @property
     def journal_dir(self) -> Path:

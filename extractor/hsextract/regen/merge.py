@@ -23,17 +23,17 @@ from __future__ import annotations
 import heapq
 import json
 import logging
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hsextract.contract.atomic import atomic_write_bytes, remove_quietly, temp_path
+from hsextract.contract.atomic import atomic_write_bytes
 from hsextract.errors import MergeError
+from hsextract.regen.config import shard_rows
 from hsextract.regen.conversation import META_KEY
 from hsextract.regen.journal import ERRORS_FILE, SUMMARY_FILE
-from hsextract.regen.writer import read_summary, write_rows
+from hsextract.regen.writer import read_summary, write_rows, write_summary
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def _check(shards: Sequence[Shard]) -> None:
             raise MergeError(f"{seen[shard.index]} and {shard.output} are both shard {shard.index}; give each shard once")
         seen[shard.index] = shard.output
         counts = shard.summary.get("counts") or {}
-        want = len(range(shard.index, int(expected["input_rows"]), num_shards))
+        want = len(shard_rows(shard.index, num_shards, int(expected["input_rows"])))
         settled = sum(int(counts.get(k, 0)) for k in ("ok", "failed", "skipped"))
         if int(counts.get("rows_in", -1)) != want or settled != want or counts.get("pending") or counts.get("retryable"):
             raise MergeError(f"{shard.output}: shard {shard.index} settled {settled} of its {want} rows ({counts}); "
@@ -164,14 +164,7 @@ def merge_regenerated(outputs: Sequence[Path], into: Path) -> RegenMergeSummary:
         raise MergeError(f"--into {into} must end in .jsonl or .parquet")
     shards = sorted((_open_shard(output) for output in outputs), key=lambda s: s.index)
     _check(shards)
-    into.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path(into)
-    try:
-        written = write_rows(tmp, _in_input_order(shards), parquet=into.suffix == ".parquet")
-        os.replace(tmp, into)
-    except BaseException:
-        remove_quietly(tmp)
-        raise
+    written = write_rows(into, _in_input_order(shards))
     counts: dict[str, Any] = {k: sum(int((s.summary.get("counts") or {}).get(k, 0)) for s in shards) for k in _SUMMED}
     for key in ("failed_by_reason", "skipped_by_reason"):
         merged: dict[str, int] = {}
@@ -198,6 +191,6 @@ def merge_regenerated(outputs: Sequence[Path], into: Path) -> RegenMergeSummary:
         "merged_from": [{"shard_index": s.index, "output": str(s.output), "counts": s.summary.get("counts"),
                          "server": s.summary.get("server")} for s in shards],
     }
-    atomic_write_bytes(journal / SUMMARY_FILE, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
+    write_summary(journal, summary)
     log.info("merged %d shards into %s: %d rows", len(shards), into, written)
     return RegenMergeSummary(into, len(shards), counts["rows_in"], counts["ok"], counts["failed"], counts["skipped"])

@@ -345,7 +345,7 @@ class Regeneration:
                     write_errors(journal, rows)
                     summary.status = COMPLETE
                     summary.seconds = time.monotonic() - started
-                    write_summary(journal, {"counts": summary.counts, "identity": identity.to_json(),
+                    write_summary(journal.directory, {"counts": summary.counts, "identity": identity.to_json(),
                                             "server": {**info, "url": config.server}, "output": str(config.output),
                                             "hsextract_version": __version__, "seconds": round(summary.seconds, 3)})
             finally:
@@ -373,7 +373,7 @@ class Regeneration:
         with tqdm(total=len(rows), initial=summary.resumed, unit="row", desc="regenerate",
                   disable=not config.progress) as bar, ThreadPoolExecutor(config.concurrency, "hsextract-regen") as pool:
             for row, raw in source.iter_rows():
-                if row % config.num_shards != config.shard_index or journal.done(row):
+                if row not in rows or journal.done(row):
                     continue
                 while not slots.acquire(timeout=0.5):
                     if self.stop.is_set():

@@ -47,23 +47,24 @@ def _write_parquet(path: Path, rows: Iterator[dict[str, Any]]) -> int:
     return int(table.num_rows)
 
 
-def write_rows(path: Path, rows: Iterator[dict[str, Any]], parquet: bool) -> int:
-    """Write ``rows`` to ``path`` (Parquet, else JSONL), fsync'd; return how many."""
-    return _write_parquet(path, rows) if parquet else _write_jsonl(path, rows)
-
-
-def write_output(output: Path, journal: Journal, rows: Sequence[int]) -> int:
-    """Write OUT from the journal's ok rows; return how many rows it holds."""
+def write_rows(output: Path, rows: Iterator[dict[str, Any]]) -> int:
+    """Write ``rows`` to ``output`` (Parquet when it ends in .parquet, else JSONL) under a temp name, fsync'd,
+    then ``os.replace`` it into place; return how many rows it holds."""
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(output)
     try:
-        count = write_rows(tmp, _ok_rows(journal, rows), parquet=output.suffix == ".parquet")
+        count = _write_parquet(tmp, rows) if output.suffix == ".parquet" else _write_jsonl(tmp, rows)
         os.replace(tmp, output)
     except BaseException:
         remove_quietly(tmp)
         raise
     return count
+
+
+def write_output(output: Path, journal: Journal, rows: Sequence[int]) -> int:
+    """Write OUT from the journal's ok rows; return how many rows it holds."""
+    return write_rows(output, _ok_rows(journal, rows))
 
 
 def write_errors(journal: Journal, rows: Sequence[int]) -> int:
@@ -78,8 +79,9 @@ def write_errors(journal: Journal, rows: Sequence[int]) -> int:
     return len(lines)
 
 
-def write_summary(journal: Journal, summary: dict[str, Any]) -> None:
-    atomic_write_bytes(journal.directory / SUMMARY_FILE, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
+def write_summary(journal_dir: Path, summary: dict[str, Any]) -> None:
+    """``summary.json`` of a journal directory, atomically: written last, it marks the output complete."""
+    atomic_write_bytes(Path(journal_dir) / SUMMARY_FILE, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
 
 
 def read_summary(journal_dir: Path) -> dict[str, Any] | None:
