@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -234,19 +235,25 @@ def test_deploy_has_a_monitoring_play_and_the_example_group_is_empty():
     assert not (groups["monitoring"] or {}).get("hosts")
 
 
-def test_an_embedded_server_is_scraped_under_its_own_job_not_sglang(scratch: dict[str, Path], promtool: str) -> None:
-    """hsextract serve answers /metrics (its capture stages): under job sglang it would show SGLang up with
-    empty SGLang panels, so it has its own job, hsextract_server."""
+def _scrape_jobs_with(scratch: dict[str, Path], promtool: str, host: str, **settings: object) -> dict[str, Any]:
+    """Run the role with ``settings`` added to ``host`` in the inventory; the rendered prometheus.yml's scrape
+    jobs by name, after promtool accepted the file."""
     inventory = yaml.safe_load(scratch["inventory"].read_text())
     hosts = inventory["all"]["children"]["extraction_containers"]["hosts"]
-    hosts["hsx-b"] = {**hosts["hsx-b"], "hsx_server_runtime": "embedded"}
+    hosts[host] = {**hosts[host], **settings}
     scratch["inventory"].write_text(yaml.safe_dump(inventory))
     result = run_playbook(str(scratch["playbook"]), scratch["inventory"])
     assert result.rc == 0, result.output
     config = scratch["config"] / "prometheus.yml"
     check = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
-    jobs = {job["job_name"]: job for job in yaml.safe_load(config.read_text())["scrape_configs"]}
+    return {job["job_name"]: job for job in yaml.safe_load(config.read_text())["scrape_configs"]}
+
+
+def test_an_embedded_server_is_scraped_under_its_own_job_not_sglang(scratch: dict[str, Path], promtool: str) -> None:
+    """hsextract serve answers /metrics (its capture stages): under job sglang it would show SGLang up with
+    empty SGLang panels, so it has its own job, hsextract_server."""
+    jobs = _scrape_jobs_with(scratch, promtool, "hsx-b", hsx_server_runtime="embedded")
     assert list(jobs) == ["hsextract", "sglang", "hsextract_server"]
     targets = {job: [t for sc in jobs[job]["static_configs"] for t in sc["targets"]] for job in jobs}
     assert targets["sglang"] == ["10.0.3.10:30000"] and targets["hsextract_server"] == ["[fd00::11]:30001"]
@@ -256,16 +263,7 @@ def test_an_embedded_server_is_scraped_under_its_own_job_not_sglang(scratch: dic
 def test_a_regeneration_job_is_scraped_under_job_hsextract_at_its_own_port(scratch: dict[str, Path], promtool: str) -> None:
     """make regenerate's job serves hsextract_regen_* on hsx_regen_metrics_port: the regeneration alerts and the
     dashboard's Regeneration row read them from job hsextract, beside the extractor's port."""
-    inventory = yaml.safe_load(scratch["inventory"].read_text())
-    hosts = inventory["all"]["children"]["extraction_containers"]["hosts"]
-    hosts["hsx-a"] = {**hosts["hsx-a"], "hsx_regen_metrics_port": 9411}
-    scratch["inventory"].write_text(yaml.safe_dump(inventory))
-    result = run_playbook(str(scratch["playbook"]), scratch["inventory"])
-    assert result.rc == 0, result.output
-    config = scratch["config"] / "prometheus.yml"
-    check = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout + check.stderr
-    jobs = {job["job_name"]: job for job in yaml.safe_load(config.read_text())["scrape_configs"]}
+    jobs = _scrape_jobs_with(scratch, promtool, "hsx-a", hsx_regen_metrics_port=9411)
     got = {t: sc["labels"] for sc in jobs["hsextract"]["static_configs"] for t in sc["targets"]}
     regen = {t: labels for t, labels in got.items() if t.endswith(":9411")}
     assert list(regen.values()) == [{"container": "hsx-a", "shard": "0"}], got
