@@ -72,6 +72,7 @@ def run_server(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
 
     from hsextract.capture.embedded import Engine
     from hsextract.capture.embedded.config import ServeConfig
+    from hsextract.capture.embedded.decode import DECODE_PHASES
     from hsextract.capture.front import HttpFront
     from hsextract.contract.generate import GenerationAnswer, GenerationRequest, SamplingParams
 
@@ -93,7 +94,7 @@ def run_server(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
         def phases() -> dict[str, float]:
             read = engine.clock.registry.get_sample_value
             return {f"{phase}_{kind}": read(f"hsextract_server_decode_seconds_{kind}", {"phase": phase}) or 0.0
-                    for phase in ("prefill", "step") for kind in ("count", "sum")}  # fmt: skip
+                    for phase in DECODE_PHASES for kind in ("count", "sum")}  # fmt: skip
 
         def batch(tag: int) -> tuple[float, dict[str, float]]:
             prompts = _prompts(concurrency, args.prompt_len, engine.vocab_size)
