@@ -165,6 +165,19 @@ def _ssh_argv(target: Target, options: Sequence[str]) -> list[str]:
 GATHER_METHODS = ("auto", "rsync", "tar")
 
 
+def _tar_over_ssh(target: Target, ssh: list[str], remote: str, dest: Path, what: str) -> None:
+    """Run ``remote`` (a command that writes a tar stream) on the host and unpack its stream into ``dest``;
+    GatherError naming ``what`` when either end fails."""
+    with subprocess.Popen([*ssh, remote], stdout=subprocess.PIPE, stderr=subprocess.PIPE) as sender:
+        done = subprocess.run(["tar", "-C", str(dest), "-xf", "-"], stdin=sender.stdout, capture_output=True, text=True)
+        _, sender_err = sender.communicate()
+    if sender.returncode != 0:
+        raise GatherError(f"{target.name}: copying {what} over ssh failed ({sender.returncode}): "
+                          f"{sender_err.decode().strip()[-300:]}")
+    if done.returncode != 0:
+        raise GatherError(f"{target.name}: unpacking {what} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
+
+
 def fetch_output(target: Target, dest: Path, ssh_options: Sequence[str] = (), method: str = "auto") -> str:
     """Copy ``target.output_dir`` from its host into ``dest`` (created); returns the method used.
 
@@ -197,17 +210,13 @@ def fetch_output(target: Target, dest: Path, ssh_options: Sequence[str] = (), me
             f"{ssh[-1]}:{source}/", f"{dest}/",
         ]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise GatherError(f"{target.name}: copying {source} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
         method = "rsync"
     else:
         remote = f"tar -C {shlex.quote(source)} --exclude={shlex.quote(TEMP_GLOB)} -cf - ."
-        with subprocess.Popen([*ssh, remote], stdout=subprocess.PIPE, stderr=subprocess.PIPE) as sender:
-            done = subprocess.run(["tar", "-C", str(dest), "-xf", "-"], stdin=sender.stdout, capture_output=True, text=True)
-            _, sender_err = sender.communicate()
-        if sender.returncode != 0:
-            raise GatherError(f"{target.name}: tar over ssh failed ({sender.returncode}): {sender_err.decode()[-300:]}")
+        _tar_over_ssh(target, ssh, remote, dest, source)
         method = "tar over ssh"
-    if done.returncode != 0:
-        raise GatherError(f"{target.name}: copying {source} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
     log.info("%s: %s:%s -> %s (%s)", target.name, target.host, source, dest, method)
     return method
 
@@ -227,14 +236,10 @@ def fetch_regenerated(target: Target, dest: Path, ssh_options: Sequence[str] = (
               f"{{ echo 'no complete regeneration at {source}' >&2; exit 3; }}; "
               f"tar -C {shlex.quote(str(source.parent))} --exclude={shlex.quote(TEMP_GLOB)} -cf - "
               + " ".join(shlex.quote(n) for n in names))
-    with subprocess.Popen([*_ssh_argv(target, ssh_options), remote], stdout=subprocess.PIPE, stderr=subprocess.PIPE) as sender:
-        done = subprocess.run(["tar", "-C", str(dest), "-xf", "-"], stdin=sender.stdout, capture_output=True, text=True)
-        _, sender_err = sender.communicate()
-    if sender.returncode != 0:
-        raise GatherError(f"{target.name}: copying {source} over ssh failed ({sender.returncode}): "
-                          f"{sender_err.decode().strip()[-300:]}; run make regenerate (playbooks/regenerate.yml) to its end")
-    if done.returncode != 0:
-        raise GatherError(f"{target.name}: unpacking {source} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
+    try:
+        _tar_over_ssh(target, _ssh_argv(target, ssh_options), remote, dest, str(source))
+    except GatherError as exc:
+        raise GatherError(f"{exc}; run make regenerate (playbooks/regenerate.yml) to its end") from None
     log.info("%s: %s:%s -> %s (tar over ssh)", target.name, target.host, source, dest)
     return dest / source.name
 
