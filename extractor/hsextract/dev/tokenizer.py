@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,8 +108,9 @@ def _corpus(seed: int, lines: int = 3000) -> list[str]:
     return out
 
 
-def write_tokenizer(directory: Path, family: str, vocab_size: int, seed: int = 0) -> Path:
-    """Train and save (``save_pretrained``) a tokenizer of exactly ``vocab_size`` tokens into ``directory``."""
+def write_tokenizer(directory: Path, family: str, vocab_size: int, seed: int = 0, corpus: Iterable[str] | None = None) -> Path:
+    """Train and save (``save_pretrained``) a tokenizer of exactly ``vocab_size`` tokens into ``directory``:
+    on ``corpus`` (lines of text) when given, else on generated words of several scripts."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -126,7 +128,7 @@ def write_tokenizer(directory: Path, family: str, vocab_size: int, seed: int = 0
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    bpe.train_from_iterator(_corpus(seed), trainer=trainer)
+    bpe.train_from_iterator(_corpus(seed) if corpus is None else corpus, trainer=trainer)
     missing = vocab_size - bpe.get_vocab_size()
     if missing > 0:  # the corpus ran out of merges: reserved tokens fill the rest, as real vocabularies do
         bpe.add_special_tokens([AddedToken(f"<|reserved_{i}|>", special=True) for i in range(missing)])
