@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 WORK ?= work
 PYTEST_ARGS ?=
 
-.PHONY: help setup setup-sglang setup-trainers extract pipeline test test-fast test-docker lint bench bench-generate bench-gpu bench-gpu-e2e bench-gpu-fleet clean
+.PHONY: help setup setup-sglang setup-trainers extract pipeline test test-fast test-docker lint bench bench-generate bench-gpu bench-gpu-e2e bench-gpu-fleet bench-gpu-drafter clean
 
 # Deployment (Ansible) and monitoring targets live in their own files.
 include $(wildcard mk/*.mk)
@@ -100,6 +100,10 @@ endif
 # N servers, one per GPU (--gpus, default all), one extractor process per shard, merge + verify, bf16 and FP8 (issue 21)
 bench-gpu-fleet:  ## on a GPU host: N GPUs' aggregate tokens/s against N x one GPU's and the disk, host CPU, merge + verify; writes bench/results-gpu-fleet.json
 	PYTHONPATH=extractor:bench $(or $(GPU_PYTHON),python3) bench/bench_gpu_fleet.py --out bench/results-gpu-fleet.json $(BENCH_ARGS)
+
+# One GPU, about 10 minutes, nothing downloaded (issue 28); BENCH_ARGS="--quick" for a first run on a new machine
+bench-gpu-drafter:  ## on one GPU: a stdlib-trained target, our pipeline, speculators' and SpecForge's own trainers on correct and wrong data, acceptance on held-out text; writes bench/results-gpu-drafter.json
+	PYTHONPATH=extractor:bench $(or $(GPU_PYTHON),python3) bench/bench_gpu_drafter.py --out bench/results-gpu-drafter.json $(BENCH_ARGS)
 
 clean:  ## remove the venvs and the default run's files
 	rm -rf $(VENV) .venv-sglang .venv-trainers .venv-ansible $(WORK)

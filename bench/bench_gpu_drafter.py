@@ -99,6 +99,26 @@ def hsextract(*argv: str, log_path: Path) -> dict[str, Any]:
     return result
 
 
+def parallel(commands: dict[str, list[str]], logs: Path) -> dict[str, Any]:
+    """``hsextract`` commands run at once (each is a process of its own), each waited for and checked."""
+    started = time.perf_counter()
+    running = {}
+    for name, argv in commands.items():
+        handle = open(logs / f"{name}.log", "wb")  # noqa: SIM115 - closed once it ends
+        process = subprocess.Popen([sys.executable, "-m", "hsextract", *argv], stdout=handle, stderr=subprocess.STDOUT)
+        running[name] = (process, handle)
+    results: dict[str, Any] = {}
+    for name, (process, handle) in running.items():
+        rc = process.wait()
+        handle.close()
+        results[name] = {"rc": rc, "seconds": round(time.perf_counter() - started, 1)}
+        if rc != 0:
+            raise RuntimeError(
+                f"hsextract {commands[name][0]} ({name}) failed (exit {rc}); its log ends:\n{e2e_tail(logs / f'{name}.log')}"
+            )
+    return results
+
+
 class Server:
     """``hsextract serve`` on the GPU, for regeneration and extraction (one per aux layer set)."""
 
@@ -171,19 +191,31 @@ def pipeline(
     server = Server(model, work, "default", args.device)
     steps["server_ready_s"] = round(server.ready_s, 1)
     try:
-        for split in ("train", "heldout"):
-            steps[f"regenerate_{split}"] = hsextract(
-                "regenerate", "--server", server.url, "--dataset", str(work / f"conv-{split}.jsonl"),
-                "--output", str(work / f"regen-{split}.jsonl"), "--model", str(model),
-                "--max-new-tokens", str(args.max_new_tokens), "--temperature", "0", "--concurrency", "128",
-                log_path=logs / f"regenerate-{split}.log",
-            )  # fmt: skip
-        for like, split in (("specforge", "train"), ("speculators", "train"), ("speculators", "heldout")):
-            steps[f"prepare_{like}_{split}"] = hsextract(
-                "prepare", "--model", str(model), "--dataset", str(work / f"regen-{split}.jsonl"),
-                "--output", str(work / f"prep-{like}-{split}"), "--like", like, "--no-progress",
-                log_path=logs / f"prepare-{like}-{split}.log",
-            )  # fmt: skip
+        steps.update(
+            parallel(
+                {
+                    f"regenerate_{split}": [
+                        "regenerate", "--server", server.url, "--dataset", str(work / f"conv-{split}.jsonl"),
+                        "--output", str(work / f"regen-{split}.jsonl"), "--model", str(model),
+                        "--max-new-tokens", str(args.max_new_tokens), "--temperature", "0", "--concurrency", "128",
+                    ]
+                    for split in ("train", "heldout")
+                },
+                logs,
+            )
+        )  # fmt: skip
+        steps.update(
+            parallel(
+                {
+                    f"prepare_{like}_{split}": [
+                        "prepare", "--model", str(model), "--dataset", str(work / f"regen-{split}.jsonl"),
+                        "--output", str(work / f"prep-{like}-{split}"), "--like", like, "--no-progress",
+                    ]
+                    for like, split in (("specforge", "train"), ("speculators", "train"), ("speculators", "heldout"))
+                },
+                logs,
+            )
+        )  # fmt: skip
         outputs = {
             "specforge_bf16": ("specforge", "prep-specforge-train", []),
             "speculators_bf16": ("speculators", "prep-speculators-train", []),
@@ -285,8 +317,15 @@ def train_all(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         handle = open(log_path, "wb")  # noqa: SIM115 - closed once the job ends
         running[name] = (subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT), handle, log_path, time.perf_counter())
         report["jobs"][name] = {"argv": argv}
+    deadline = started + args.train_max_s
     for name, (process, handle, log_path, began) in running.items():
-        rc = process.wait()
+        try:
+            rc = process.wait(max(1.0, deadline - time.perf_counter()))
+        except subprocess.TimeoutExpired:  # measured from the checkpoints it saved so far
+            process.terminate()
+            rc = process.wait()
+            report["jobs"][name]["stopped_at_deadline_s"] = args.train_max_s
+            rc = 0 if has_checkpoint(name, work) else rc
         handle.close()
         report["jobs"][name].update(rc=rc, seconds=round(time.perf_counter() - began, 1))
         if rc != 0:
@@ -294,6 +333,14 @@ def train_all(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             log.error("trainer %s exited %d; its log ends:\n%s", name, rc, e2e_tail(log_path, 2000))
     report["wall_seconds"] = round(time.perf_counter() - started, 1)
     return report
+
+
+def has_checkpoint(name: str, work: Path) -> bool:
+    try:
+        load_path = drafter_speculators.last_checkpoint if name.startswith("speculators") else None
+        return bool(load_path(work / f"draft-{name}")) if load_path else any((work / f"draft-{name}").glob("*-step*"))
+    except FileNotFoundError:
+        return False
 
 
 def specforge_job(args: argparse.Namespace, work: Path, vocab: int) -> list[str] | dict[str, Any]:
@@ -313,6 +360,8 @@ def specforge_job(args: argparse.Namespace, work: Path, vocab: int) -> list[str]
             max_length=int(config["trainer"]["config"]["data"]["max_length"]),
             epochs=args.epochs,
             lr=args.lr,
+            batch_size=args.specforge_batch,
+            save_interval=max(1, int(config["total_samples"]) // args.specforge_batch),  # about once an epoch
             ttt_length=drafter_speculators.TTT_STEPS,
             draft_vocab_size=vocab,
         )
@@ -360,6 +409,7 @@ def measure(held: HeldOut, k: int, drafts_of: Callable[[dict[str, torch.Tensor]]
 
 def evaluate(args: argparse.Namespace, work: Path, device: torch.device, trained: dict[str, Any]) -> dict[str, Any]:
     k = drafter_speculators.TTT_STEPS
+    num_layers = int(json.loads((work / "target" / "config.json").read_text())["num_hidden_layers"])
     held = HeldOut(work, device, args.eval_rows)
     report: dict[str, Any] = {
         "heldout_rows": len(held.rows),
@@ -375,7 +425,7 @@ def evaluate(args: argparse.Namespace, work: Path, device: torch.device, trained
             continue
         try:
             drafter = load_drafter(name, work, device)
-            indices = drafter.aux_hidden_state_indices
+            indices = served_indices(drafter.config_path, num_layers)
             report["drafters"][name] = {
                 "fed_hidden_states": indices,
                 **measure(held, k, lambda row, d=drafter, i=indices: d.draft_tokens(aux(row, i), row["ids"], k)),
@@ -393,20 +443,43 @@ def aux(row: dict[str, torch.Tensor], indices: list[int]) -> torch.Tensor:
     return torch.cat([row["states"][i] for i in indices], dim=-1)
 
 
+class SpecForgeDrafter:
+    """SpecForge's trained drafter (``drafter_specforge``) behind the same two members as speculators'."""
+
+    def __init__(self, save_dir: Path, device: torch.device) -> None:
+        import drafter_specforge
+
+        self._module = drafter_specforge
+        self._drafter = drafter_specforge.load_drafter(save_dir, device)
+        record = json.loads((save_dir / drafter_specforge.RUN_RECORD).read_text())
+        self.config_path = Path(record["draft_config"])
+
+    def draft_tokens(self, aux_hidden: torch.Tensor, input_ids: torch.Tensor, k: int) -> torch.Tensor:
+        return torch.as_tensor(self._module.draft_tokens(self._drafter, aux_hidden, input_ids, k))
+
+
 def load_drafter(name: str, work: Path, device: torch.device) -> Any:
     if name.startswith("speculators"):
         checkpoint = drafter_speculators.last_checkpoint(work / f"draft-{name}")
         return drafter_speculators.Drafter(checkpoint, work / "target", device)
-    import drafter_specforge
+    return SpecForgeDrafter(work / f"draft-{name}", device)
 
-    return drafter_specforge.Drafter.load(work / f"draft-{name}", work / "target", device)
+
+def served_indices(config_path: Path, num_layers: int) -> list[int]:
+    """The transformers ``hidden_states`` indices SGLang 0.5.23 hands a drafter of this config
+    (hsextract's own reading of ``set_eagle3_layers_to_capture``; the target is Llama-shaped)."""
+    from hsextract.contract.sglang_capture import ModelFamily, captured_states, layers_to_capture
+
+    eagle = json.loads(config_path.read_text()).get("eagle_config") or {}
+    ids = eagle.get("eagle_aux_hidden_state_layer_ids")
+    return captured_states(layers_to_capture(ModelFamily.LLAMA, ids, num_layers))
 
 
 def check_draft(name: str, work: Path, drafter: Any) -> dict[str, Any]:
     """``hsextract check-draft`` on the trained config as the trainer wrote it, then on the config
     ``hsextract draft-config --write`` makes of it for SGLang."""
     out = work / f"out-{name}"
-    config = Path(drafter.checkpoint) / "config.json"
+    config = drafter.config_path
     logs = work / "logs"
     as_trained = run_logged(
         [sys.executable, "-m", "hsextract", "check-draft", str(out), "--draft-config", str(config)], logs / f"check-{name}.log"
@@ -466,27 +539,29 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--work", type=Path, default=Path("bench/work/drafter"), help="scratch folder (emptied first)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true", help="a fraction of every size: a first run on a new machine")
-    parser.add_argument("--corpus-bytes", type=int, default=None, help="standard library text to use (default: all)")
+    parser.add_argument("--corpus-bytes", type=int, default=12_000_000, help="standard library text to use")
     parser.add_argument("--heldout-percent", type=int, default=10)
     parser.add_argument("--user-lines", type=int, default=16)
     parser.add_argument("--assistant-lines", type=int, default=8)
     parser.add_argument("--vocab-size", type=int, default=8192)
     parser.add_argument("--target-layers", type=int, default=8)
     parser.add_argument("--target-hidden", type=int, default=384)
-    parser.add_argument("--target-steps", type=int, default=2000)
+    parser.add_argument("--target-steps", type=int, default=1500)
     parser.add_argument("--target-batch", type=int, default=64)
     parser.add_argument("--target-seq-len", type=int, default=512)
-    parser.add_argument("--target-max-s", type=float, default=180.0)
-    parser.add_argument("--train-conversations", type=int, default=3000)
-    parser.add_argument("--heldout-conversations", type=int, default=300)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--target-max-s", type=float, default=90.0)
+    parser.add_argument("--train-conversations", type=int, default=1600)
+    parser.add_argument("--heldout-conversations", type=int, default=200)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--specforge-batch", type=int, default=16, help="SpecForge's training.batch_size (rows a step)")
+    parser.add_argument("--train-max-s", type=float, default=240.0, help="trainers still running then are stopped")
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--eval-rows", type=int, default=300)
+    parser.add_argument("--eval-rows", type=int, default=200)
     args = parser.parse_args()
     if args.quick:
-        args.corpus_bytes = args.corpus_bytes or 4_000_000
-        args.target_steps, args.target_max_s = 300, 60.0
+        args.corpus_bytes = 4_000_000
+        args.target_steps, args.target_max_s, args.train_max_s = 300, 60.0, 150.0
         args.train_conversations, args.heldout_conversations, args.eval_rows = 400, 60, 60
         args.max_new_tokens, args.epochs = 64, 2
     return args

@@ -61,6 +61,10 @@ def train_argv(
         "--draft-vocab-size", str(draft_vocab_size),
         "--num-layers", "1",
         "--ttt-steps", str(TTT_STEPS),
+        # its default, the fused Triton loss, does not compile under torch 2.11's dynamo (the
+        # forward is torch.compile'd): "ListVariable ... is already tracked for mutation" on the
+        # kernels' autotune configs. The eager loss is the same KL divergence in plain torch.
+        "--loss-implementation", "eager",
         "--epochs", str(epochs),
         "--lr", str(lr),
         "--scheduler-type", "cosine",
@@ -93,12 +97,7 @@ class Drafter:
         self.checkpoint = checkpoint
         self.model = Eagle3DraftModel.from_pretrained(str(checkpoint), verifier=str(target)).to(device).eval()
         self.device = device
-        self.config = json.loads((checkpoint / "config.json").read_text())
-
-    @property
-    def aux_hidden_state_indices(self) -> list[int]:
-        """The target ``hidden_states`` indices it is fed: speculators' (vLLM's) ids name the layer entered."""
-        return [int(i) for i in self.model.config.eagle_aux_hidden_state_layer_ids]
+        self.config_path = checkpoint / "config.json"
 
     def draft_tokens(self, aux_hidden: torch.Tensor, input_ids: torch.Tensor, k: int) -> torch.Tensor:
         """``drafts [k, T]`` (``drafts[j, p]`` guesses ``x_{p+2+j}``): ``aux_hidden [T, K*H]`` are the
