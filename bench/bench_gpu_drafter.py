@@ -407,7 +407,17 @@ def measure(held: HeldOut, k: int, drafts_of: Callable[[dict[str, torch.Tensor]]
     return {**counts.summary(), "seconds": round(time.perf_counter() - started, 1)}
 
 
-def evaluate(args: argparse.Namespace, work: Path, device: torch.device, trained: dict[str, Any]) -> dict[str, Any]:
+#: the order drafters are measured in: the comparisons the verdict needs first
+MEASURE_ORDER = ("speculators_bf16", "speculators_layer_off", "speculators_shifted", "specforge_bf16", "speculators_fp8")
+
+
+def evaluate(
+    args: argparse.Namespace,
+    work: Path,
+    device: torch.device,
+    trained: dict[str, Any],
+    progress: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:
     k = drafter_speculators.TTT_STEPS
     num_layers = int(json.loads((work / "target" / "config.json").read_text())["num_hidden_layers"])
     held = HeldOut(work, device, args.eval_rows)
@@ -419,7 +429,9 @@ def evaluate(args: argparse.Namespace, work: Path, device: torch.device, trained
         "drafters": {},
     }
     report["drafters"]["prompt_lookup"] = measure(held, k, lambda row: prompt_lookup_drafts(row["ids"], k))
-    for name, job in trained["jobs"].items():
+    progress(report)
+    for name in sorted(trained["jobs"], key=lambda n: MEASURE_ORDER.index(n) if n in MEASURE_ORDER else len(MEASURE_ORDER)):
+        job = trained["jobs"][name]
         if job.get("rc") != 0:
             report["drafters"][name] = {"error": job.get("error") or f"trainer exited {job.get('rc')}"}
             continue
@@ -434,6 +446,7 @@ def evaluate(args: argparse.Namespace, work: Path, device: torch.device, trained
         except Exception as exc:
             log.exception("measuring %s failed", name)
             report["drafters"][name] = {"error": repr(exc)}
+        progress(report)
     return report
 
 
@@ -539,25 +552,25 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--work", type=Path, default=Path("bench/work/drafter"), help="scratch folder (emptied first)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true", help="a fraction of every size: a first run on a new machine")
-    parser.add_argument("--corpus-bytes", type=int, default=12_000_000, help="standard library text to use")
+    parser.add_argument("--corpus-bytes", type=int, default=None, help="standard library text to use (default: all of it)")
     parser.add_argument("--heldout-percent", type=int, default=10)
     parser.add_argument("--user-lines", type=int, default=16)
     parser.add_argument("--assistant-lines", type=int, default=8)
     parser.add_argument("--vocab-size", type=int, default=8192)
     parser.add_argument("--target-layers", type=int, default=8)
     parser.add_argument("--target-hidden", type=int, default=384)
-    parser.add_argument("--target-steps", type=int, default=1500)
+    parser.add_argument("--target-steps", type=int, default=700, help="about two passes over the train files")
     parser.add_argument("--target-batch", type=int, default=64)
     parser.add_argument("--target-seq-len", type=int, default=512)
     parser.add_argument("--target-max-s", type=float, default=90.0)
-    parser.add_argument("--train-conversations", type=int, default=1600)
+    parser.add_argument("--train-conversations", type=int, default=1300)
     parser.add_argument("--heldout-conversations", type=int, default=200)
     parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--specforge-batch", type=int, default=16, help="SpecForge's training.batch_size (rows a step)")
-    parser.add_argument("--train-max-s", type=float, default=240.0, help="trainers still running then are stopped")
+    parser.add_argument("--train-max-s", type=float, default=140.0, help="trainers still running then are stopped")
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--eval-rows", type=int, default=200)
+    parser.add_argument("--eval-rows", type=int, default=150)
     args = parser.parse_args()
     if args.quick:
         args.corpus_bytes = 4_000_000
@@ -582,7 +595,7 @@ def main() -> int:
     results.stage("pipeline", pipeline(args, work, train_rows, heldout_rows))
     trained = train_all(args, work)
     results.stage("training", trained)
-    evaluation = evaluate(args, work, device, trained)
+    evaluation = evaluate(args, work, device, trained, lambda partial: results.stage("evaluation", partial))
     results.stage("evaluation", evaluation)
     results.data["verdict"] = verdict(evaluation)
     results.data["wall_seconds"] = round(time.perf_counter() - started, 1)

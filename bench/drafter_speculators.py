@@ -92,10 +92,19 @@ class Drafter:
     """A trained speculators EAGLE-3 drafter, as its own model class loads it."""
 
     def __init__(self, checkpoint: Path, target: Path, device: torch.device) -> None:
-        from speculators.models.eagle3 import Eagle3DraftModel
+        from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
         self.checkpoint = checkpoint
-        self.model = Eagle3DraftModel.from_pretrained(str(checkpoint), verifier=str(target)).to(device).eval()
+        # Measured with dense (sdpa) attention, as the CLI's --from-pretrained path re-applies an
+        # attention choice: flex attention's block masks are built for the 128-multiple lengths
+        # training packs to, and a held-out row is of any length. The weights are the same.
+        config = Eagle3SpeculatorConfig.from_pretrained(str(checkpoint))
+        config.transformer_layer_config._attn_implementation = "sdpa"
+        model = Eagle3DraftModel.from_pretrained(str(checkpoint), config=config, verifier=str(target))
+        self.model = model.to(device).eval()
+        # its forward is torch.compile'd; one compile per row length would cost more than the measure
+        forward = type(model).forward
+        self._forward = getattr(forward, "_torchdynamo_orig_callable", forward)
         self.device = device
         self.config_path = checkpoint / "config.json"
 
@@ -106,7 +115,8 @@ class Drafter:
         hidden = aux_hidden[:-1].unsqueeze(0).to(self.device, torch.bfloat16)
         ids = input_ids[1:].unsqueeze(0).to(self.device)
         with torch.no_grad(), torch.autocast(self.device.type, dtype=torch.bfloat16):
-            steps = self.model(
+            steps = self._forward(
+                self.model,
                 hidden_states=hidden,
                 input_ids=ids,
                 document_ids=torch.zeros_like(ids),
