@@ -322,8 +322,12 @@ def train_all(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         try:
             rc = process.wait(max(1.0, deadline - time.perf_counter()))
         except subprocess.TimeoutExpired:  # measured from the checkpoints it saved so far
-            process.terminate()
-            rc = process.wait()
+            process.terminate()  # speculators saves on SIGTERM; its dataloader workers can hold the exit
+            try:
+                rc = process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                rc = process.wait()
             report["jobs"][name]["stopped_at_deadline_s"] = args.train_max_s
             rc = 0 if has_checkpoint(name, work) else rc
         handle.close()
@@ -568,7 +572,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--specforge-batch", type=int, default=16, help="SpecForge's training.batch_size (rows a step)")
-    parser.add_argument("--train-max-s", type=float, default=140.0, help="trainers still running then are stopped")
+    parser.add_argument(
+        "--train-max-s",
+        type=float,
+        default=240.0,
+        help="trainers still running then are stopped (speculators' first step compiles for about 2 min when four start at once)",
+    )
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--eval-rows", type=int, default=150)
     args = parser.parse_args()
