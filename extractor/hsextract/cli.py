@@ -19,6 +19,7 @@ from hsextract import __version__
 from hsextract.capture.embedded.config import ServeConfig
 from hsextract.capture.sglang.config import SGLangLaunchConfig
 from hsextract.config import add_config_arguments, load_config
+from hsextract.contract.layers import capture_indices
 from hsextract.contract.states import RunStatus
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.exit_codes import EXIT_CONFIG, EXIT_FATAL, EXIT_INCOMPLETE, EXIT_INTERRUPTED
@@ -69,7 +70,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         ) from None
     info = engine.info()
     log.info(
-        "serving %s (%s, %d layers, hidden %d, %s) on http://%s:%d, aux layer_ids %s, dumps to %s",
+        "serving %s (%s, %d layers, hidden %d, %s) on http://%s:%d, aux layer_ids %s (0-based outputs; capture "
+        "indices, the layer entered: %s), dumps to %s",
         config.model,
         engine.architecture,
         info.num_layers,
@@ -78,6 +80,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         config.host,
         server.port,
         info.layer_ids,
+        capture_indices(info.layer_ids or []),
         config.dump_dir,
     )
     try:
