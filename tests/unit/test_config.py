@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from hsextract.capture.embedded.config import ServeConfig
-from hsextract.config import add_config_arguments, load_config
+from hsextract.config import StrictConfig, add_config_arguments, load_config
 from hsextract.errors import ConfigError
 from hsextract.extract.config import ExtractConfig
 
@@ -113,7 +113,8 @@ INT_LIST_COMMANDS = {
 def _command_config(command: str, args: argparse.Namespace) -> Any:
     from hsextract.capture.sglang.config import SGLangLaunchConfig
 
-    model = {"extract": ExtractConfig, "serve": ServeConfig, "launch-sglang": SGLangLaunchConfig}[command]
+    models: dict[str, type[StrictConfig]] = {"extract": ExtractConfig, "serve": ServeConfig, "launch-sglang": SGLangLaunchConfig}
+    model = models[command]
     return load_config(model, args)
 
 

@@ -218,7 +218,8 @@ def parse_lock_holder(stdout: str) -> LockHolder | None:
         record = {}
     record = record if isinstance(record, dict) else {}
     written = next((line.split()[1] for line in lines if line.startswith("written ")), "0")
-    pid = record.get("pid") if str(record.get("pid")) in holders else holders[0]
+    recorded = str(record.get("pid"))
+    pid = recorded if recorded in holders else holders[0]  # the file's pid, when it is the holder's
     return LockHolder(int(pid), str(record.get("host", "?")), str(record.get("since", "?")),
                       int(written) if written.isdigit() else 0)  # fmt: skip
 
