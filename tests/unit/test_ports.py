@@ -62,3 +62,19 @@ def test_regenerate_refuses_a_busy_metrics_port_before_any_work(busy_port: int, 
 def test_a_port_taken_after_the_check_is_the_same_clear_error(metrics: type, busy_port: int) -> None:
     with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{busy_port} for the metrics endpoint"):
         metrics().serve(busy_port, "127.0.0.1")
+
+
+def test_make_extract_refuses_a_busy_metrics_port_before_any_work(busy_port: int, tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    work = tmp_path / "work"
+    with socket.socket() as probe:  # the server's port free: this machine may run a make extract of its own
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    env = {**os.environ, "WORK": str(work), "HSX_PORT": str(free), "HSX_METRICS_PORT": str(busy_port)}
+    done = subprocess.run([str(repo / "scripts" / "run-default.sh")], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"port {busy_port} is already in use" in done.stderr and "HSX_METRICS_PORT" in done.stderr
+    assert list(work.iterdir()) == []  # no model, no conversations, no prepare: nothing was done
