@@ -11,6 +11,15 @@ METRICS_PORT=${HSX_METRICS_PORT:-9400}
 DUMP_DIR=${HSX_DUMP_DIR:-/dev/shm/hsextract-default}
 mkdir -p "$WORK"
 
+# Both ports before any work (hsextract serve and extract check them again, exit 2 naming the setting)
+for port_setting in "$PORT HSX_PORT" "$METRICS_PORT HSX_METRICS_PORT"; do
+  read -r port setting <<<"$port_setting"
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "error: port $port is already in use; stop what holds it (fuser $port/tcp shows it) or set $setting" >&2
+    exit 2
+  fi
+done
+
 [[ -f $WORK/model/config.json ]] || "$BIN/hsextract" make-tiny-model "$WORK/model"
 [[ -f $WORK/conversations.jsonl ]] || "$BIN/hsextract" make-sample-data "$WORK/conversations.jsonl" --num 64 --conversations sharegpt
 
@@ -18,10 +27,6 @@ echo "== prepare: conversations -> SpecForge 0.2.0's rows (input_ids, loss_mask)
 "$BIN/hsextract" prepare --model "$WORK/model" --dataset "$WORK/conversations.jsonl" --output "$WORK/prepared" \
   --like specforge --specforge-template kimi-k2-instruct
 
-if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then
-  echo "error: port $PORT is already in use; stop what holds it (fuser -k $PORT/tcp) or set HSX_PORT" >&2
-  exit 2
-fi
 
 echo "starting the embedded server on port $PORT (log: $WORK/server.log)"
 "$BIN/hsextract" serve --model "$WORK/model" --port "$PORT" --dump-dir "$DUMP_DIR" >"$WORK/server.log" 2>&1 &

@@ -33,6 +33,7 @@ def test_a_dataset_with_no_usable_row_stops_with_a_failure(model_dir, start_serv
     assert "no row of the dataset is usable: all 3 rows were recorded as bad input" in config["stop_reason"]
     assert "2 of them empty_input_ids" in config["stop_reason"]
     assert "COMPLETE" not in captured.out + captured.err
+    assert f"error: {config['stop_reason']}" in captured.err and "error: None" not in captured.err  # issue 29, item 3
     assert main(["verify", str(output)]) == 1
 
 

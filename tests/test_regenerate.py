@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from hsextract.cli import main
@@ -164,6 +165,34 @@ def test_a_server_that_does_not_decode_stops_the_run_before_any_row(fake: FakeSG
                  "--no-progress"])
     assert code == 2 and "does not generate" in capsys.readouterr().err
     assert len(fake.requests) == 1 and not (tmp_path / "out.jsonl.journal" / "rows.jsonl").read_bytes()
+
+
+def test_a_run_where_rows_failed_exits_3(fake: FakeSGLang, tmp_path: Path, capsys: Any) -> None:
+    good = [json.loads(line) for line in make_sample_conversations(tmp_path / "c.jsonl", 2, 10).read_text().splitlines()]
+    dataset = write_rows(tmp_path / "in.jsonl", [good[0], BAD_ROWS[4], good[1]])
+    args = ["regenerate", "--server", fake.url, "--dataset", str(dataset), "--output", str(tmp_path / "out.jsonl"),
+            "--no-progress"]
+    assert main(args) == 3  # issue 29, item 5: the README's "some rows failed"
+    captured = capsys.readouterr()
+    assert "COMPLETE" in captured.out and "failed 1 (no assistant turn 1)" in captured.out
+    assert "1 rows failed (no assistant turn 1)" in captured.err and "errors.jsonl" in captured.err
+    assert len(_lines(tmp_path / "out.jsonl")) == 2
+    assert main(args) == 3 and "1 rows failed" in capsys.readouterr().err  # ALREADY COMPLETE says it again
+
+
+@pytest.mark.parametrize("content", ['{"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}\n' * 4, "", "\n\n"],
+                         ids=["token-rows", "empty", "blank-lines"])
+def test_an_input_with_no_conversation_is_refused_before_any_request(fake: FakeSGLang, tmp_path: Path,
+                                                                     content: str, capsys: Any) -> None:
+    dataset = tmp_path / "rows.jsonl"
+    dataset.write_text(content)
+    out = tmp_path / "out.jsonl"
+    code = main(["regenerate", "--server", fake.url, "--dataset", str(dataset), "--output", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"--dataset {dataset} " in err and "nothing was sent" in err and "regenerate answers conversations" in err
+    assert ("token rows (input_ids" in err) == bool(content.strip())
+    assert fake.requests == [] and not out.exists() and not (tmp_path / "out.jsonl.journal").exists()
 
 
 def test_parquet_output_in_the_input_schema(fake: FakeSGLang, tmp_path: Path) -> None:

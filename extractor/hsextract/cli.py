@@ -11,7 +11,6 @@ import argparse
 import json
 import logging
 import signal
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,12 @@ from hsextract import __version__
 from hsextract.capture.embedded.config import ServeConfig
 from hsextract.capture.sglang.config import SGLangLaunchConfig
 from hsextract.config import add_config_arguments, load_config
+from hsextract.contract.layers import capture_indices
 from hsextract.contract.states import RunStatus
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.exit_codes import EXIT_CONFIG, EXIT_FATAL, EXIT_INCOMPLETE, EXIT_INTERRUPTED
 from hsextract.extract.config import ExtractConfig
+from hsextract.ports import check_port_free
 
 log = logging.getLogger("hsextract")
 
@@ -51,24 +52,13 @@ def _cmd_make_sample_data(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_port_free(host: str, port: int) -> None:
-    """A bind test: a port another process holds is a ConfigError naming it and how to find the holder."""
-    try:
-        with socket.create_server((host, port)):
-            pass
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot listen on {host}:{port}: {exc.strerror or exc}; nothing was loaded. Find the process holding it "
-            f"with `fuser {port}/tcp` (or `ss -ltnp 'sport = :{port}'`), stop it, or choose another --port"
-        ) from None
-
-
 def _cmd_serve(args: argparse.Namespace) -> int:
     from hsextract.capture.embedded import Engine
     from hsextract.capture.front import HttpFront
 
     config: ServeConfig = load_config(ServeConfig, args)
-    _check_port_free(config.host, config.port)  # before the model loads (minutes for a large one)
+    # before the model loads (minutes for a large one)
+    check_port_free(config.host, config.port, "the server", "--port (port in a --config file; HSX_PORT for make extract)")
     engine = Engine(config)
     try:
         server = HttpFront(engine, config.host, config.port)
@@ -80,7 +70,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         ) from None
     info = engine.info()
     log.info(
-        "serving %s (%s, %d layers, hidden %d, %s) on http://%s:%d, aux layer_ids %s, dumps to %s",
+        "serving %s (%s, %d layers, hidden %d, %s) on http://%s:%d, aux layer_ids %s (0-based outputs; capture "
+        "indices, the layer entered: %s), dumps to %s",
         config.model,
         engine.architecture,
         info.num_layers,
@@ -89,6 +80,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         config.host,
         server.port,
         info.layer_ids,
+        capture_indices(info.layer_ids or []),
         config.dump_dir,
     )
     try:
@@ -127,7 +119,8 @@ def _cmd_extract(args: argparse.Namespace) -> int:
     for line in summary.hints:
         print(f"  {line}")
     if summary.status is RunStatus.STOPPED:
-        print(f"error: {summary.fatal_error}", file=sys.stderr)
+        # a fatal error's text, or why no row was usable (no error raised): data_config.json's stop_reason either way
+        print(f"error: {summary.stop_reason or summary.fatal_error}", file=sys.stderr)
         return EXIT_FATAL
     if summary.status is RunStatus.INTERRUPTED:
         print(f"{summary.stop_reason}", file=sys.stderr)

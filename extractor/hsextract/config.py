@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 from hsextract.contract.rids import check_prefix
 from hsextract.errors import ConfigError
@@ -45,10 +45,39 @@ def _valid_prefix(value: str) -> str:
 RidPrefix = Annotated[str, AfterValidator(_valid_prefix)]
 
 
+def int_list(value: Any) -> Any:
+    """A list of integers written as a user writes one: ``[1, 3, 4]`` (YAML), ``"1,3,4"``, ``"1 3 4"``,
+    ``"[1, 3, 4]"``, or one integer; anything else goes on as given, for pydantic to say what is wrong."""
+    if isinstance(value, str):
+        parts = value.strip().removeprefix("[").removesuffix("]").replace(",", " ").split()
+        try:
+            return [int(part) for part in parts]
+        except ValueError:
+            raise ValueError(
+                f"{value!r} is not a list of integers; give them space- or comma-separated: '1 3 4' or 1,3,4"
+            ) from None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    return value
+
+
+#: a list of integers; a flag and a YAML value take it space- or comma-separated too (``layer_ids: "1,3,4"``)
+IntList = Annotated[list[int], BeforeValidator(int_list)]
+
+
+class _IntListAction(argparse.Action):
+    """``--layer-ids 1 3 4``, ``--layer-ids 1,3,4`` and ``--layer-ids '1, 3, 4'``: one flat list."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+        setattr(namespace, self.dest, [i for part in values for i in part])
+
+
 def _flag_type(annotation: Any) -> tuple[dict[str, Any], str]:
     """argparse keyword arguments for a field's annotation."""
     origin = typing.get_origin(annotation)
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if origin is Annotated:
+        return _flag_type(args[0])
     if origin in (typing.Union, types.UnionType) and len(args) == 1:
         return _flag_type(args[0])
     if origin is Literal:
@@ -56,7 +85,7 @@ def _flag_type(annotation: Any) -> tuple[dict[str, Any], str]:
     if origin is list:
         (item,) = typing.get_args(annotation)
         if item is int:
-            return {"type": _int_list}, "N,N,..."
+            return {"type": _int_list, "nargs": "+", "action": _IntListAction}, "N"
         return {"type": _word_list}, "'ARG ...'"
     if annotation is bool:
         return {"action": argparse.BooleanOptionalAction}, ""
@@ -66,10 +95,12 @@ def _flag_type(annotation: Any) -> tuple[dict[str, Any], str]:
 
 
 def _int_list(text: str) -> list[int]:
+    """One word of an integer-list flag: ``3``, ``1,3,4`` or ``[1,3,4]``."""
     try:
-        return [int(part) for part in text.replace(" ", "").split(",") if part]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+        parsed: list[int] = int_list(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return parsed
 
 
 def _word_list(text: str) -> list[str]:

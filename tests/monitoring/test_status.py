@@ -3,6 +3,10 @@
 The host runs a real embedded server and the metrics endpoint of a real, finished extraction; the SSH
 host is a real sshd on 127.0.0.1 (a child of the test) reached with fabric through an inventory that
 `ansible-inventory` resolves.
+
+`make` runs in a checkout that holds a finished `work/output`, as one does after `make extract` (issue 29,
+item 1): the repository's files linked into a fresh directory, and a real finished output copied in. No test
+here reads what `make extract` left in the real checkout, and CI (a clean clone) sees that case too.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -68,10 +73,30 @@ def live_host(model_dir: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
     shutil.rmtree(dump_dir, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def checkout(live_host: LiveHost, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The repository as `make extract` leaves it: every top-level entry linked, and a finished work/output."""
+    root = tmp_path_factory.mktemp("checkout")
+    for entry in REPO.iterdir():
+        if entry.name != "work":
+            (root / entry.name).symlink_to(entry)
+    shutil.copytree(live_host.output, root / "work" / "output")
+    assert json.loads((root / "work" / "output" / "data_config.json").read_text())["status"] == "complete"
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _in_checkout(checkout: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "MAKE_DIR", checkout)
+
+
+MAKE_DIR = REPO  # the checkout make runs in: `checkout` for every test of this module
+
+
 def make_status(*args: str, target: str = "status") -> subprocess.CompletedProcess[str]:
     # -o: .venv is set up already (make test depends on setup). HSX_INVENTORY_CONFIGURED= keeps a configured
     # ansible.cfg inventory out of it: the hosts are INVENTORY's, or this machine.
-    command = ["make", "-s", "--no-print-directory", "-C", str(REPO), "-o", ".venv/.setup-done", target]
+    command = ["make", "-s", "--no-print-directory", "-C", str(MAKE_DIR), "-o", ".venv/.setup-done", target]
     command += ["HSX_INVENTORY_CONFIGURED=", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=180)
 
@@ -122,12 +147,22 @@ def test_status_text_report_says_what_the_runbooks_look_at(live_host: LiveHost) 
     assert "errors: not_json 1" in text and "/dev/shm" in text and "ETA: 0m 0s" in text
 
 
-def test_status_when_nothing_runs_says_so() -> None:
+def test_status_when_nothing_runs_says_so(tmp_path: Path) -> None:
     port = free_port()
-    done = make_status(f"STATUS_ARGS=--server-port {port} --metrics-port {port}")
+    nothing = tmp_path / "no-output"  # not the checkout's work/output, whatever `make extract` left there
+    done = make_status(f"STATUS_ARGS=--server-port {port} --metrics-port {port} --output-dir {nothing}")
     assert done.returncode == 0, done.stderr
     assert "server health (/health_generate): no answer" in done.stdout
     assert f"no answer on port {port} (the extractor is not running)" in done.stdout
+    assert f"output {nothing}: no such directory on this host" in done.stdout
+
+
+def test_status_without_output_dir_reads_the_checkouts_finished_work_output() -> None:
+    port = free_port()
+    done = make_status(f"STATUS_ARGS=--server-port {port} --metrics-port {port}")
+    assert done.returncode == 0, done.stderr
+    assert "extraction: not running; its output's data_config.json says complete" in done.stdout
+    assert f"{ROWS + 1}/{ROWS + 1} samples settled (100.0%)" in done.stdout and "no such directory" not in done.stdout
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from hsextract.capture.embedded.config import ServeConfig
-from hsextract.config import add_config_arguments, load_config
+from hsextract.config import StrictConfig, add_config_arguments, load_config
 from hsextract.errors import ConfigError
 from hsextract.extract.config import ExtractConfig
 
@@ -99,3 +100,61 @@ def test_unknown_key_names_the_file_and_the_nearest_key(tmp_path: Path) -> None:
     message = str(caught.value)
     assert f"unknown key 'max_seq_lenn' in {config_file}; did you mean max_seq_len?" in message
     assert "--max-seq-lenn" not in message
+
+
+# -- integer lists (issue 29, item 7): space- or comma-separated on every command, and in YAML ---------------
+INT_LIST_COMMANDS = {
+    "extract": ["extract", "--dataset", "d.jsonl", "--output", "o"],
+    "serve": ["serve", "--model", "m", "--dump-dir", "d"],
+    "launch-sglang": ["launch-sglang", "--model-path", "/m"],
+}
+
+
+def _command_config(command: str, args: argparse.Namespace) -> Any:
+    from hsextract.capture.sglang.config import SGLangLaunchConfig
+
+    models: dict[str, type[StrictConfig]] = {"extract": ExtractConfig, "serve": ServeConfig, "launch-sglang": SGLangLaunchConfig}
+    model = models[command]
+    return load_config(model, args)
+
+
+@pytest.mark.parametrize("command", list(INT_LIST_COMMANDS))
+@pytest.mark.parametrize(
+    "flag",
+    [["1", "3", "4"], ["1,3,4"], ["1, 3, 4"], ["1", "3,4"], ["[1,3,4]"]],
+    ids=["spaces", "commas", "quoted", "mixed", "brackets"],
+)
+def test_layer_ids_flag_takes_spaces_and_commas_on_every_command(command: str, flag: list[str]) -> None:
+    from hsextract.cli import build_parser
+
+    args = build_parser().parse_args([*INT_LIST_COMMANDS[command], "--layer-ids", *flag])
+    assert _command_config(command, args).layer_ids == [1, 3, 4]
+
+
+@pytest.mark.parametrize("value", ["[1, 3, 4]", '"1,3,4"', '"1 3 4"', "'1, 3, 4'", '"[1,3,4]"'])
+def test_layer_ids_in_yaml_take_a_list_or_a_string(tmp_path: Path, value: str) -> None:
+    config_file = tmp_path / "c.yml"
+    config_file.write_text(f"dataset: d\noutput: o\nlayer_ids: {value}\n")
+    assert load_config(ExtractConfig, argparse.Namespace(config=config_file)).layer_ids == [1, 3, 4]
+    config_file.write_text(f"model: m\ndump_dir: d\nlayer_ids: {value}\n")
+    assert load_config(ServeConfig, argparse.Namespace(config=config_file)).layer_ids == [1, 3, 4]
+
+
+def test_layer_ids_in_a_pipeline_section_take_a_string(tmp_path: Path) -> None:
+    from hsextract.pipeline import load_pipeline
+
+    path = tmp_path / "pipeline.yml"
+    path.write_text(
+        "prepare: {model: m, dataset: c.jsonl, output: p}\n"
+        'extract: {server: "http://127.0.0.1:1", output: o, layer_ids: "1,3,4"}\n'
+    )
+    assert load_pipeline(path).extract.layer_ids == [1, 3, 4]
+
+
+def test_a_layer_list_that_is_not_integers_is_refused_naming_both_forms(tmp_path: Path) -> None:
+    config_file = tmp_path / "c.yml"
+    config_file.write_text('dataset: d\noutput: o\nlayer_ids: "1,three"\n')
+    with pytest.raises(ConfigError, match=r"layer_ids \(--layer-ids\).*space- or comma-separated: '1 3 4' or 1,3,4"):
+        parse(ExtractConfig, ["--config", str(config_file)])
+    with pytest.raises(SystemExit):
+        parse(ExtractConfig, ["--dataset", "d", "--output", "o", "--layer-ids", "1", "x"])

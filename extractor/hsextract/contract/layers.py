@@ -19,6 +19,19 @@ from collections.abc import Sequence
 
 from hsextract.errors import ConfigError
 
+#: the two numberings a user meets, in words, for every message that shows a layer list
+LAYER_IDS_NUMBERING = "0-based layer_ids: the output of decoder layer i, as --layer-ids and SpecForge count"
+CAPTURE_NUMBERING = (
+    "capture indices: the layer entered, layer_id + 1, as SGLang layers_to_capture, speculators --target-layer-ids "
+    "and transformers hidden_states count"
+)
+
+#: what --layer-ids takes, for --help
+LAYER_IDS_HELP = (
+    "space- or comma-separated, 0-based: the output of decoder layer i (speculators --target-layer-ids and SGLang "
+    "layers_to_capture count the layer entered, one more)"
+)
+
 #: the default, in words, for --help and messages
 DEFAULT_AUX_LAYERS_TEXT = (
     "outputs of layers [1, N//2-1, N-4] = transformers hidden_states[2, N//2, N-3], SGLang's and the trainers' default"
@@ -37,7 +50,7 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
     if sorted(set(ids)) != ids or ids[0] < 0 or ids[-1] >= num_layers - 1:
         raise ConfigError(
             f"a model with {num_layers} layers has no three distinct default aux layers "
-            f"({ids}); set layer_ids explicitly or use a model with more layers"
+            f"({ids}, {LAYER_IDS_NUMBERING}); set layer_ids explicitly or use a model with more layers"
         )
     return ids
 
@@ -51,12 +64,50 @@ def resolve_aux_layer_ids(layer_ids: Sequence[int] | None, num_layers: int) -> l
     if bad:
         raise ConfigError(
             f"aux layer_ids {ids} contain {bad}, outside 0..{num_layers - 2} for a model with "
-            f"{num_layers} layers (the final layer {num_layers - 1} is always captured separately); "
-            "fix layer_ids"
+            f"{num_layers} layers ({LAYER_IDS_NUMBERING}; the final layer {num_layers - 1} is always captured "
+            f"separately); fix layer_ids{_if_capture_indices(ids, num_layers)}"
         )
     if sorted(set(ids)) != ids:
-        raise ConfigError(f"aux layer_ids {ids} must be strictly increasing without repeats; fix layer_ids")
+        raise ConfigError(
+            f"aux layer_ids {ids} ({LAYER_IDS_NUMBERING}) must be strictly increasing without repeats; fix layer_ids"
+        )
     return ids
+
+
+def _if_capture_indices(ids: Sequence[int], num_layers: int) -> str:
+    """The hint for ids that look copied from the capture-index numbering (one too high)."""
+    lowered = [i - 1 for i in ids]
+    if all(0 <= i < num_layers - 1 for i in lowered):
+        return f". If these are {CAPTURE_NUMBERING}, subtract 1: --layer-ids {as_flag(lowered)}"
+    return ""
+
+
+def as_flag(ids: Sequence[int]) -> str:
+    """A layer list as a --layer-ids value: ``1,3,4``."""
+    return ",".join(str(i) for i in ids)
+
+
+def server_layers_mismatch(configured: Sequence[int], served: Sequence[int]) -> str:
+    """Why configured aux layer_ids and the server's differ, in both numberings, and the fix."""
+    configured, served = list(configured), list(served)
+    text = (
+        f"layer_ids {configured} are configured but the server captures layer_ids {served} (both {LAYER_IDS_NUMBERING}; "
+        f"the server's are capture indices {capture_indices(served)}, {CAPTURE_NUMBERING})"
+    )
+    if configured == capture_indices(served):
+        return (
+            f"{text}. The configured ids are the server's layers in the capture-index numbering: pass --layer-ids "
+            f"{as_flag(served)}, or drop layer_ids to take the server's"
+        )
+    return f"{text}; restart the server with the same layers or drop layer_ids from the extractor config"
+
+
+def layer_numbering_line(aux_layer_ids: Sequence[int], num_layers: int) -> str:
+    """The end-of-run summary's line on the output's layers, in both numberings."""
+    return (
+        f"layers: aux layer_ids {list(aux_layer_ids)} and the final layer {num_layers - 1} ({LAYER_IDS_NUMBERING}) = "
+        f"capture indices {capture_indices(aux_layer_ids)} ({CAPTURE_NUMBERING})"
+    )
 
 
 def capture_indices(aux_layer_ids: Sequence[int]) -> list[int]:

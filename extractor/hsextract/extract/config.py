@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from hsextract.config import RidPrefix, StrictConfig
+from hsextract.config import IntList, RidPrefix, StrictConfig
 from hsextract.contract import defaults
-from hsextract.contract.layers import DEFAULT_AUX_LAYERS_TEXT
+from hsextract.contract.layers import DEFAULT_AUX_LAYERS_TEXT, LAYER_IDS_HELP
 from hsextract.extract.formats import DEFAULT_FORMAT, FORMAT_NAMES
 
 if TYPE_CHECKING:
@@ -39,8 +39,8 @@ class ExtractConfig(StrictConfig):
         "with one float32 scale per token as hs-connectors 0.9.0 (speculators format only; train with "
         "--hidden-states-backend fp8): half the bytes",
     )
-    layer_ids: list[int] | None = Field(
-        None, description=f"aux layer ids, 0-based outputs (default: the server's, else the {DEFAULT_AUX_LAYERS_TEXT})"
+    layer_ids: IntList | None = Field(
+        None, description=f"aux layers, {LAYER_IDS_HELP} (default: the server's, else the {DEFAULT_AUX_LAYERS_TEXT})"
     )
     architecture: Literal["auto", "deepseek", "llama", "qwen2"] = Field(
         "auto",

@@ -28,6 +28,7 @@ CONVERSATION_FIELDS = ("conversations", "messages")
 
 @dataclass(frozen=True)
 class DatasetShape:
+    rows: int  # rows among the first (bad ones included): 0 for an empty file or one of blank lines
     rows_read: int  # JSON objects among the first rows
     with_input_ids: int
     conversations: int  # objects with a conversation field and no input_ids
@@ -35,10 +36,12 @@ class DatasetShape:
 
 
 def read_shape(path: Path, rows: int = SHAPE_ROWS) -> DatasetShape:
-    objects = [raw for _, raw in itertools.islice(iter_raw_rows(path), rows) if isinstance(raw, dict)]
+    first = [raw for _, raw in itertools.islice(iter_raw_rows(path), rows)]
+    objects = [raw for raw in first if isinstance(raw, dict)]
     with_ids = [o for o in objects if o.get("input_ids") is not None]
     conversations = [o for o in objects if o.get("input_ids") is None and _conversation_field(o) is not None]
     return DatasetShape(
+        rows=len(first),
         rows_read=len(objects),
         with_input_ids=len(with_ids),
         conversations=len(conversations),
@@ -51,9 +54,14 @@ def _conversation_field(row: dict[str, Any]) -> str | None:
 
 
 def check_shape(dataset: Path, require_loss_mask: bool) -> DatasetShape:
-    """ConfigError (before any request) for a dataset of conversations, or of rows without loss_mask when
-    they are required; a warning when rows without loss_mask are taken with every token supervised."""
+    """ConfigError (before any request) for a dataset with no row, of conversations, or of rows without
+    loss_mask when they are required; a warning when rows without loss_mask are taken with every token supervised."""
     shape = read_shape(dataset)
+    if not shape.rows:  # as prepare refuses it: an empty output would otherwise end COMPLETE
+        raise ConfigError(
+            f"dataset {dataset} has no rows (it is empty, or holds only blank lines); nothing was sent. Give a dataset "
+            "of token rows (input_ids, loss_mask), e.g. one hsextract prepare wrote"
+        )
     if shape.conversations and not shape.with_input_ids:
         raise ConfigError(
             f"dataset {dataset} holds conversations ({shape.conversations} of its first {shape.rows_read} rows have a "

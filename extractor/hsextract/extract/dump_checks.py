@@ -10,6 +10,7 @@ import torch
 
 from hsextract.contract import fp8
 from hsextract.contract.dumps import FINAL_SLOT_PRENORM, Dump
+from hsextract.contract.layers import CAPTURE_NUMBERING, LAYER_IDS_NUMBERING
 from hsextract.contract.states import ErrorReason
 from hsextract.errors import DumpError, LayerMismatchError, ModelMismatchError, StorageMismatchError
 
@@ -52,7 +53,7 @@ def check_dump(dump: Dump, sent_ids: list[int], expect: DumpExpectation) -> None
             ErrorReason.LAYER_MISMATCH,
             f"dump {dump.rid} was captured at layer_ids {meta_layers} (capture indices {meta_capture}) but the run "
             f"expects layer_ids {expect.aux_layer_ids} (capture indices {expect.capture_indices}); restart the server "
-            "with the configured layers or fix layer_ids",
+            f"with the configured layers or fix layer_ids ({LAYER_IDS_NUMBERING}; {CAPTURE_NUMBERING})",
         )
     if dump.input_ids.shape != (tokens,) or not torch.equal(dump.input_ids, torch.tensor(sent_ids, dtype=torch.int64)):
         raise DumpError(

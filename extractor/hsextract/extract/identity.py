@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hsextract.contract.atomic import atomic_write_bytes
+from hsextract.contract.layers import LAYER_IDS_NUMBERING
 from hsextract.errors import IdentityMismatchError, OutputError
 
 if TYPE_CHECKING:
@@ -192,7 +193,7 @@ def reconcile_identity(
         "aux_layer_ids",
         recorded.aux_layer_ids,
         current.aux_layer_ids,
-        "restart the server with those layer_ids (and set them in the extractor config)",
+        f"restart the server with those layer_ids (and set them in the extractor config; {LAYER_IDS_NUMBERING})",
     )
     differs("format", recorded.format, current.format, f"pass --format {recorded.format}")
     differs("max_seq_len", recorded.max_seq_len, current.max_seq_len, f"pass --max-seq-len {recorded.max_seq_len}")

@@ -11,6 +11,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from hsextract.contract.states import ErrorReason
+from hsextract.ports import serve_metrics
 
 #: the ``status`` label values of ``hsextract_samples_total``
 SAMPLE_STATUSES = ("ok", "bad_input", "failed", "resumed")
@@ -119,7 +120,8 @@ class ExtractMetrics:
         return totals
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
-        start_http_server(port, addr=host, registry=self.registry)
+        """Serve /metrics; a port another process holds is a ConfigError naming it (checked first: ports.py)."""
+        serve_metrics(lambda: start_http_server(port, addr=host, registry=self.registry), host, port)
 
     def sample_filesystems(self, dump_dir: Path | None, output_dir: Path) -> float | None:
         """Update the shm and disk gauges; return the dump filesystem's used fraction."""

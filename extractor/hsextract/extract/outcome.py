@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hsextract import __version__
-from hsextract.contract.layers import capture_indices, recorded_layer_ids
+from hsextract.contract.layers import capture_indices, layer_numbering_line, recorded_layer_ids
 from hsextract.contract.states import ErrorKind, RunStatus
 from hsextract.extract.data_config import DATA_FORMAT_VERSION, DataConfig, loss_mask_source, previous_data_config
 from hsextract.extract.formats import format_class
@@ -72,6 +72,7 @@ def summarize(
     errors = ledger.manifest.errors.values()
     status, stop_reason = RunStatus(data_config.status), data_config.stop_reason
     hints = summary_lines(setup.serving, data_config.trainer or {}, cfg.output, setup.fmt.name)
+    hints.insert(0, layer_numbering_line(setup.aux_layer_ids, setup.server.num_layers))  # which numbering the lists use
     return RunSummary(
         status=status,
         output=cfg.output,

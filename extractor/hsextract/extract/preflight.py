@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hsextract.contract.dump_dir import check_dump_root
 from hsextract.contract.fp8 import FP8_STORAGE
-from hsextract.contract.layers import resolve_aux_layer_ids
+from hsextract.contract.layers import resolve_aux_layer_ids, server_layers_mismatch
 from hsextract.contract.model_config import read_model_config
 from hsextract.contract.server_info import ServerInfo
 from hsextract.contract.sglang_capture import ModelFamily, family_of
@@ -89,10 +89,7 @@ def check_server(
         )
     aux = resolve_aux_layer_ids(cfg.layer_ids or info.layer_ids, info.num_layers)
     if info.layer_ids is not None and list(info.layer_ids) != aux:
-        raise ConfigError(
-            f"layer_ids {aux} are configured but the server captures {info.layer_ids}; "
-            "restart the server with the same layers or drop layer_ids from the extractor config"
-        )
+        raise ConfigError(server_layers_mismatch(aux, info.layer_ids))
     if cfg.dump_dir is not None:
         check_dump_root(cfg.dump_dir)  # an unsafe root is refused as such, before it is compared with the server's
     dump_dir = _dump_dir(cfg.dump_dir, info.dump_dir)

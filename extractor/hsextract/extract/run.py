@@ -60,6 +60,7 @@ from hsextract.extract.scan import DatasetScan, scan_dataset
 from hsextract.extract.server_gate import ServerGate
 from hsextract.extract.setup import RunSetup
 from hsextract.extract.stale_dumps import sweep_stale_dumps
+from hsextract.ports import check_metrics_port
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,7 @@ class Extraction:
     def run(self) -> RunSummary:
         started = time.monotonic()
         cfg = self.config
+        check_metrics_port(cfg.metrics_host, cfg.metrics_port)  # before any work; it is served after the resume check
         lock = OutputLock(cfg.output)
         self._watch_stop()
         try:

@@ -3,9 +3,11 @@
 For each extraction host it gathers, with read-only commands only: the server's health (HTTP status of
 ``/health_generate``), the state of the ``hsextract-server`` and ``hsextract-extract`` units (and their
 last log lines with ``--logs N``), ``/dev/shm`` and output disk use (``df -B1``), and the extraction's
-progress and ETA from the extractor's own ``/metrics``; when the extractor is not running (finished,
-stopped, killed), the counts and the status (complete, interrupted, stopped...) its output's
-``data_config.json`` records. Hosts come from an Ansible inventory (group
+progress and ETA from the extractor's own ``/metrics``; for an extractor started without
+``--metrics-port``, its pid from the output's ``extract.lock`` (held: ``/proc/locks``) and the samples
+written so far; when the extractor is not running (finished, stopped, killed), the counts and the status
+(complete, interrupted, stopped...) its output's ``data_config.json`` records; an output directory that
+is not there is said. Hosts come from an Ansible inventory (group
 ``extraction_containers``, through ``ansible-inventory --list``) and are reached over SSH with fabric,
 one connection per host, all hosts at once; with no inventory it looks at this machine.
 
@@ -29,6 +31,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hsextract.contract import defaults
 from hsextract.extract.data_config import DATA_CONFIG_FILE
+from hsextract.extract.lock import LOCK_FILE
+from hsextract.extract.manifest import SAMPLES_FILE
 from hsextract.ops.inventory import Target, load_inventory
 
 log = logging.getLogger(__name__)
@@ -123,6 +127,16 @@ class Progress:
 
 
 @dataclass
+class LockHolder:
+    """The extractor holding the output's extract.lock, as its file records it."""
+
+    pid: int
+    host: str
+    since: str
+    written: int  # lines in samples.jsonl so far
+
+
+@dataclass
 class HostStatus:
     name: str
     address: str
@@ -134,6 +148,8 @@ class HostStatus:
     progress: Progress | None = None
     metrics_error: str | None = None
     logs: dict[str, str] = field(default_factory=dict)
+    lock_holder: LockHolder | None = None  # an extractor holds the output (with or without metrics)
+    output_missing: str | None = None  # why no output was read: its directory is not there
 
 
 _CURL = {"code": "curl -s -m 30 -o /dev/null -w '%{{http_code}}' {url}", "body": "curl -sf -m 10 {url}"}
@@ -162,6 +178,8 @@ def status_commands(target: Target, log_lines: int) -> dict[str, str]:
         f"{shlex.quote(target.dump_dir)} {shlex.quote(target.output_dir)}",
         "metrics": _http_get(f"http://127.0.0.1:{target.metrics_port}/metrics", "body"),
         "data_config": f"cat {shlex.quote(target.output_dir + '/' + DATA_CONFIG_FILE)} 2>/dev/null",
+        "output": f"test -d {shlex.quote(target.output_dir)} && echo present",
+        "lock": _lock_holder_command(target.output_dir),
         "elapsed": (
             f"pid=$(fuser -n tcp {target.metrics_port} 2>/dev/null | awk '{{print $1}}'); "
             '[ -n "$pid" ] && ps -o etimes= -p "$pid"'
@@ -171,6 +189,45 @@ def status_commands(target: Target, log_lines: int) -> dict[str, str]:
         for unit in UNITS:
             commands[f"log:{unit}"] = f"{sudo}journalctl -u {unit} -n {int(log_lines)} --no-pager -o short-iso"
     return commands
+
+
+def _lock_holder_command(output_dir: str) -> str:
+    """Shell printing the output's extract.lock record, then ``holder PID`` for each process that holds its
+    flock (``/proc/locks``, by inode: a lock file a killed extractor left names a dead pid and has no
+    holder) and ``written N``, the lines of samples.jsonl so far."""
+    lock = shlex.quote(f"{output_dir}/{LOCK_FILE}")
+    samples = shlex.quote(f"{output_dir}/{SAMPLES_FILE}")
+    # /proc/locks: "1: FLOCK ADVISORY WRITE <pid> <major>:<minor>:<inode> 0 EOF" (a waiter's line has "->" in $2)
+    by_inode = '$2 == "FLOCK" { n = split($6, a, ":"); if (a[n] == ino) print "holder", $5 }'
+    return (
+        f"[ -f {lock} ] && head -c 4096 {lock} && echo && "
+        f"awk -v ino=\"$(stat -c %i {lock})\" {shlex.quote(by_inode)} /proc/locks && "
+        f"echo written $(cat {samples} 2>/dev/null | wc -l)"
+    )
+
+
+def parse_lock_holder(stdout: str) -> LockHolder | None:
+    """The holder of the output's extract.lock from :func:`_lock_holder_command`'s lines; None when nothing holds it."""
+    lines = stdout.splitlines()
+    holders = [line.split()[1] for line in lines if line.startswith("holder ") and line.split()[1].isdigit()]
+    if not lines or not holders:
+        return None
+    try:
+        record = json.loads(lines[0])
+    except ValueError:
+        record = {}
+    record = record if isinstance(record, dict) else {}
+    written = next((line.split()[1] for line in lines if line.startswith("written ")), "0")
+    recorded = str(record.get("pid"))
+    pid = recorded if recorded in holders else holders[0]  # the file's pid, when it is the holder's
+    return LockHolder(int(pid), str(record.get("host", "?")), str(record.get("since", "?")),
+                      int(written) if written.isdigit() else 0)  # fmt: skip
+
+
+def _missing_output(target: Target) -> str:
+    where = "give --output-dir (the extract's --output)" if target.host is None else "check hsx_output_dir"
+    relative = "" if target.host is not None or Path(target.output_dir).is_absolute() else f" (under {Path.cwd()})"
+    return f"output {target.output_dir}{relative}: no such directory on this host; {where}"
 
 
 def parse_units(stdout: str) -> dict[str, str]:
@@ -255,7 +312,18 @@ def gather(target: Target, runner: Runner, log_lines: int = 0) -> HostStatus:
             status.progress = parse_metrics(results["metrics"].stdout, float(elapsed) if elapsed.isdigit() else None)
         except ValueError as exc:
             status.metrics_error = str(exc)
-    else:
+    if results["output"].stdout.strip() != "present":
+        status.output_missing = _missing_output(target)
+    status.lock_holder = parse_lock_holder(results["lock"].stdout)
+    holder = status.lock_holder
+    if status.progress is None and holder is not None:  # running without --metrics-port: its lock says so
+        status.metrics_error = (
+            f"no answer on port {target.metrics_port}: the extractor runs without --metrics-port (pid {holder.pid} "
+            f"on {holder.host} holds {target.output_dir}/{LOCK_FILE} since {holder.since}); start it with "
+            f"--metrics-port {target.metrics_port} for progress and ETA"
+        )
+        status.progress = Progress(True, None, 0, holder.written, {"ok": holder.written}, 0, 0, {}, 0)
+    elif not results["metrics"].stdout.strip():
         status.metrics_error = f"no answer on port {target.metrics_port} (the extractor is not running)"
     if status.progress is None:  # no extractor answers (finished or stopped): its output says how it ended
         status.progress = parse_data_config(results["data_config"].stdout) or status.progress
@@ -323,9 +391,14 @@ def render(status: HostStatus, shard: str = "") -> str:
             f"  {fs.path} (on {fs.mount}): {_gb(fs.used_bytes)} used of {_gb(fs.size_bytes)} ({fs.used_fraction:.0%}), "
             f"{_gb(fs.available_bytes)} free"
         )
+    if status.output_missing:
+        lines.append(f"  {status.output_missing}")
     p = status.progress
     if p is None:
         lines.append(f"  extraction: {status.metrics_error}")
+    elif p.running and status.lock_holder is not None and p.planned == 0:  # no metrics: what its lock and files say
+        lines.append(f"  extraction: running; {status.metrics_error}")
+        lines.append(f"    samples written so far: {status.lock_holder.written} (samples.jsonl)")
     else:
         state = "running" if p.running else "not running (finished or stopped)"
         if p.outcome is not None:

@@ -40,7 +40,13 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
            else f"progress kept in {summary.journal}/rows.jsonl")
     )
     if summary.status in (COMPLETE, ALREADY_COMPLETE):
-        print(f"  next: hsextract prepare --dataset {summary.output} --model ... --output ...")
+        if counts.get("ok"):
+            print(f"  next: hsextract prepare --dataset {summary.output} --model ... --output ...")
+        if counts.get("failed"):  # as extract's exit 3: the run finished, but rows are missing from OUT
+            print(f"{counts['failed']} rows failed ({failed}) and are not in {summary.output}: see "
+                  f"{summary.journal}/errors.jsonl. Rows failed on server errors are retried by the same command; fix "
+                  "the others in the input", file=sys.stderr)
+            return EXIT_INCOMPLETE
         return 0
     if summary.status == INTERRUPTED:
         print(summary.stop_reason, file=sys.stderr)

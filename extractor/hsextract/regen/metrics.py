@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from hsextract.ports import serve_metrics
 from hsextract.prepare.conversation import Reason
 from hsextract.regen.client import SERVER_ERROR, SERVER_REFUSED
 from hsextract.regen.conversation import NO_ASSISTANT_TURN, TRUNCATED
@@ -63,4 +64,5 @@ class RegenMetrics:
             self.errors.labels(reason)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
-        start_http_server(port, addr=host, registry=self.registry)
+        """Serve /metrics; a port another process holds is a ConfigError naming it (checked first: ports.py)."""
+        serve_metrics(lambda: start_http_server(port, addr=host, registry=self.registry), host, port)

@@ -28,12 +28,14 @@ from hsextract import __version__
 from hsextract.contract.generate import GenerationRequest, SamplingParams
 from hsextract.contract.model_fingerprint import model_fingerprint
 from hsextract.errors import BadRequestError, ConfigError, ServerError, ServerUnreachableError, TransientServerError
+from hsextract.ports import check_metrics_port
 from hsextract.prepare.conversation import BadRow
 from hsextract.prepare.model_tokenizer import load_model_tokenizer
 from hsextract.prepare.readers import open_input
 from hsextract.regen.client import RID_PREFIX, SERVER_ERROR, SERVER_REFUSED, DecodeAnswer, GenerateClient, make_rid
 from hsextract.regen.config import RegenerateConfig
 from hsextract.regen.conversation import TRUNCATED, Regenerated, regenerate_row, turn_seed
+from hsextract.regen.input_shape import check_conversations
 from hsextract.regen.journal import FAILED, OK, SKIPPED, Journal, RegenIdentity
 from hsextract.regen.metrics import RegenMetrics
 from hsextract.regen.prompts import Prompter, stop_token_ids
@@ -297,7 +299,9 @@ class Regeneration:
         started = time.monotonic()
         config = self.config
         summary = RegenSummary(str(config.output), str(config.journal_dir))
+        check_metrics_port(config.metrics_host, config.metrics_port)  # before any work
         source = open_input(config.dataset, config.split)
+        check_conversations(source)  # token rows or an empty file: refused before any request
         self.client = client = GenerateClient(config.server, config.request_timeout_s, config.concurrency + 8)
         if config.metrics_port:
             self.metrics.serve(config.metrics_port, config.metrics_host)

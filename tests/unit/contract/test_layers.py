@@ -54,3 +54,33 @@ def test_default_is_hidden_states_2_half_and_n_minus_3(num_layers: int) -> None:
 
 def test_kimi_default() -> None:
     assert default_aux_layer_ids(61) == [1, 29, 57]  # SpecForge's DeepSeek-V3 draft config says [1, 29, 57]
+
+
+# -- the two numberings in every message (issue 29, item 7) -------------------------------------------------
+def test_ids_copied_from_the_capture_numbering_are_explained_with_the_fix() -> None:
+    from hsextract.contract.layers import server_layers_mismatch
+
+    message = server_layers_mismatch([2, 4, 5], [1, 3, 4])
+    assert "layer_ids [2, 4, 5] are configured but the server captures layer_ids [1, 3, 4]" in message
+    assert "0-based layer_ids: the output of decoder layer i" in message
+    assert "capture indices [2, 4, 5]" in message and "speculators --target-layer-ids" in message
+    assert "pass --layer-ids 1,3,4" in message
+    other = server_layers_mismatch([1, 2, 4], [1, 3, 4])
+    assert "0-based layer_ids" in other and "restart the server with the same layers" in other
+    assert "pass --layer-ids" not in other
+
+
+def test_out_of_range_ids_name_their_numbering_and_the_capture_index_fix() -> None:
+    with pytest.raises(ConfigError) as caught:
+        resolve_aux_layer_ids([2, 4, 7], 8)  # speculators' --target-layer-ids of a model's last aux layer
+    message = str(caught.value)
+    assert "0-based layer_ids: the output of decoder layer i" in message
+    assert "If these are capture indices" in message and "subtract 1: --layer-ids 1,3,6" in message
+
+
+def test_the_summary_line_gives_both_numberings() -> None:
+    from hsextract.contract.layers import layer_numbering_line
+
+    line = layer_numbering_line([1, 3, 4], 8)
+    assert line.startswith("layers: aux layer_ids [1, 3, 4] and the final layer 7 (0-based layer_ids")
+    assert "= capture indices [2, 4, 5] (capture indices: the layer entered, layer_id + 1" in line

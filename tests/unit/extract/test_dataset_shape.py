@@ -47,7 +47,20 @@ def test_rows_without_loss_mask_are_refused_up_front_when_required(tmp_path: Pat
     assert "1 of the first 2 rows have no loss_mask" in err and "--require-loss-mask" in err
 
 
+@pytest.mark.parametrize("content", ["", "\n\n  \n"], ids=["empty", "blank-lines"])
+def test_a_dataset_without_rows_is_refused_as_prepare_refuses_it(content: str, tmp_path: Path, capsys) -> None:
+    dataset = tmp_path / "rows.jsonl"
+    dataset.write_text(content)
+    out = tmp_path / "out"
+    code = main(["extract", "--server", _closed_port_url(), "--dataset", str(dataset), "--output", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"dataset {dataset} has no rows (it is empty, or holds only blank lines)" in err
+    assert "COMPLETE" not in err and not out.exists()
+
+
 def test_shape_counts_the_first_rows(tmp_path: Path) -> None:
     dataset = _write(tmp_path / "mixed.jsonl", [SHAREGPT, {"input_ids": [1]}, {"input_ids": [2], "loss_mask": [1]}, [1]])
     shape = read_shape(dataset)
     assert (shape.rows_read, shape.with_input_ids, shape.conversations, shape.without_loss_mask) == (3, 2, 1, 1)
+    assert shape.rows == 4

@@ -8,9 +8,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from hsextract.config import RidPrefix, StrictConfig
+from hsextract.config import IntList, RidPrefix, StrictConfig
 from hsextract.contract import defaults
-from hsextract.contract.layers import DEFAULT_AUX_LAYERS_TEXT
+from hsextract.contract.layers import DEFAULT_AUX_LAYERS_TEXT, LAYER_IDS_HELP
 
 
 class SGLangLaunchConfig(StrictConfig):
@@ -41,8 +41,8 @@ class SGLangLaunchConfig(StrictConfig):
     )
     dump_dir: str = Field(defaults.DUMP_DIR, description="dump root (tmpfs) the extractor reads")
     rid_prefix: RidPrefix = Field(defaults.RID_PREFIX, description="only rids <prefix>-<row>-n<tokens> are dumped")
-    layer_ids: list[int] | None = Field(
-        None, description=f"aux layer ids, 0-based outputs (default: the {DEFAULT_AUX_LAYERS_TEXT})"
+    layer_ids: IntList | None = Field(
+        None, description=f"aux layers, {LAYER_IDS_HELP} (default: the {DEFAULT_AUX_LAYERS_TEXT})"
     )
     final_prenorm: bool = Field(False, description="also dump the final layer's pre-norm output (speculators format)")
     storage: Literal["float8_e4m3fn"] | None = Field(
