@@ -10,7 +10,8 @@ The file has one section per step, each holding that step's own options (the key
 
 Every section is validated before the first step runs, so a typo in ``extract`` stops the pipeline
 before hours of regeneration. ``regenerate`` is optional (conversations used as they are). A step's
-``dataset`` defaults to the previous step's output and ``prepare.format`` to ``extract.format``. Each
+``dataset`` defaults to the previous step's output, ``prepare.format`` to ``extract.format`` and
+``extract.format`` to prepare's ``like`` (two that differ are refused). Each
 step resumes, and one already complete is skipped (regenerate: its ``summary.json`` with the section's
 sampling, turns, reasoning and input, without asking its server, which may be gone; prepare: its
 ``prepare.json``; extract: a complete ``data_config.json``). At the end the output's
@@ -30,7 +31,7 @@ from pydantic import Field, ValidationError
 
 from hsextract.config import StrictConfig
 from hsextract.errors import ConfigError
-from hsextract.extract.config import ExtractConfig
+from hsextract.extract.config import ExtractConfig, format_clash
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,12 @@ def load_pipeline(path: Path) -> Steps:
     if "format" in config.extract:
         prepare_data.setdefault("format", config.extract["format"])
     prepare = _section(PrepareConfig, "prepare", prepare_data, path)
-    extract = _section(ExtractConfig, "extract", {"dataset": str(prepare.output), **config.extract}, path)
+    extract_data = {"dataset": str(prepare.output), **config.extract}
+    if "format" not in config.extract:
+        extract_data["format"] = prepare.convention  # the trainer the rows are prepared for
+    elif config.extract["format"] != prepare.convention:
+        raise ConfigError(f"{path}: " + format_clash(config.extract["format"], prepare.convention, prepare.output))
+    extract = _section(ExtractConfig, "extract", extract_data, path)
     return Steps(regenerate, prepare, extract, config.verify)
 
 
