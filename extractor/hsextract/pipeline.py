@@ -10,7 +10,8 @@ The file has one section per step, each holding that step's own options (the key
 
 Every section, and every output already there (another run's prepared dataset or extraction:
 :mod:`hsextract.pipeline_checks`), is checked before the first step runs, so a typo in ``extract``
-stops the pipeline before hours of regeneration. Relative paths are the YAML file's folder's. ``regenerate`` is optional (conversations used as they are). A step's
+stops the pipeline before hours of regeneration. Relative paths are the YAML file's folder's.
+``regenerate`` is optional (conversations used as they are). A step's
 ``dataset`` defaults to the previous step's output, ``prepare.format`` to ``extract.format`` and
 ``extract.format`` to prepare's ``like`` (two that differ are refused). Each
 step resumes, and one already complete is skipped (regenerate: its ``summary.json`` with the section's
