@@ -61,7 +61,7 @@ def test_every_row_is_accounted_for_in_order_with_its_schema_and_metadata(fake: 
     counts = summary.counts
     assert summary.status == "complete"
     assert counts["ok"] + counts["failed"] + counts["skipped"] == counts["rows_in"] == len(rows)
-    assert counts["failed_by_reason"] == {"no assistant turn": 1, "no user turn": 1, "not JSON": 1,
+    assert counts["failed_by_reason"] == {"no assistant turn": 1, "no user turn": 1, "not_json": 1,
                                           "not an object": 1, "server refused": 1, "unknown role": 1}
     out = _lines(tmp_path / "out.jsonl")
     ok_inputs = [r for r in rows if isinstance(r, dict) and r not in BAD_ROWS]
