@@ -30,5 +30,6 @@ def test_a_line_that_is_not_json_has_one_reason_in_prepare_regenerate_and_extrac
     extract_registry, regen_registry = CollectorRegistry(), CollectorRegistry()
     ExtractMetrics(extract_registry)
     RegenMetrics(regen_registry)
-    for labels in (_reason_labels(extract_registry, "hsextract_errors"), _reason_labels(regen_registry, "hsextract_regen_errors")):
+    for labels in (_reason_labels(extract_registry, "hsextract_errors"),
+                   _reason_labels(regen_registry, "hsextract_regen_errors")):
         assert "not_json" in labels and "not JSON" not in labels
