@@ -154,11 +154,13 @@ def run_pipeline(steps: Steps) -> int:
     if existing is not None and existing.complete:
         log.info("pipeline: extract already complete (%s)", steps.extract.output)
     else:
+        from hsextract.extract.report import print_extract_summary
+
         result = Extraction(steps.extract).run()
         log.info("pipeline: extract %s (%s)", result.status, steps.extract.output)
+        code = print_extract_summary(result, steps.extract)  # the counts, the serving and train lines
         if result.status is not RunStatus.COMPLETE:
-            return {RunStatus.INTERRUPTED: EXIT_INTERRUPTED, RunStatus.INCOMPLETE: EXIT_INCOMPLETE}.get(
-                result.status, EXIT_FATAL)
+            return code
     record_sources(steps.extract.output, sources(steps))
     if steps.verify:
         report = verify_output(steps.extract.output)
