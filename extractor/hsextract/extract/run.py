@@ -121,8 +121,8 @@ class Extraction:
                     cancelled = self.client.cancel()
                     why = self._interrupted_by or "a fatal error"
                     log.warning(
-                        "stopping (%s): cancelled %d open connections to the server; requests in flight are not "
-                        "failures, a rerun does them",
+                        "stopping (%s): cancelled the %d requests in flight; they are not failures, a rerun does "
+                        "them",
                         why,
                         cancelled,
                     )
