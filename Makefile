@@ -9,9 +9,14 @@ BIN := $(VENV)/bin
 # The CPU build of torch; on a GPU host use e.g. TORCH_SPEC=torch==2.14.1
 TORCH_SPEC ?= torch==2.13.0
 WORK ?= work
+# make extract on this machine: DATASET (conversations; default WORK/conversations.jsonl, made when absent),
+# PREPARED (prepare's output, default WORK/prepared) and OUTPUT (extract's, default WORK/output)
+DATASET ?=
+PREPARED ?=
+OUTPUT ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup setup-sglang setup-trainers extract pipeline test test-fast test-docker lint bench bench-generate bench-gpu bench-gpu-e2e bench-gpu-fleet bench-gpu-drafter clean
+.PHONY: help setup setup-sglang setup-trainers extract pipeline test test-fast test-docker lint bench bench-generate bench-gpu bench-gpu-e2e bench-gpu-fleet bench-gpu-drafter clean clean-venvs
 
 # Deployment (Ansible) and monitoring targets live in their own files.
 include $(wildcard mk/*.mk)
@@ -43,11 +48,11 @@ setup-trainers: .venv-trainers/.setup-done  ## .venv-trainers: the released spec
 	PYTHON=$(PYTHON) TORCH_SPEC="$(TORCH_SPEC)" scripts/setup-trainers-venv.sh .venv-trainers
 	touch $@
 
-extract: setup  ## the main job: on the configured inventory's containers, else the embedded default (tiny DeepSeek-V3 model, sample data)
+extract: setup  ## the main job: on the configured inventory's containers, else the embedded default (tiny DeepSeek-V3 model, sample data; DATASET= PREPARED= OUTPUT=)
 ifeq ($(HSX_INVENTORY_CONFIGURED),yes)
 	$(MAKE) ansible-extract
 else
-	WORK=$(WORK) scripts/run-default.sh
+	WORK="$(WORK)" DATASET="$(DATASET)" PREPARED="$(PREPARED)" OUTPUT="$(OUTPUT)" scripts/run-default.sh
 endif
 
 pipeline: setup  ## regenerate -> prepare -> extract -> verify from PIPELINE_CONFIG (YAML, a section per step: docs/regenerate.md); each step resumes or is skipped when complete
@@ -105,5 +110,8 @@ bench-gpu-fleet:  ## on a GPU host: N GPUs' aggregate tokens/s against N x one G
 bench-gpu-drafter:  ## on one GPU: a stdlib-trained target, our pipeline, speculators' and SpecForge's own trainers on correct and wrong data, acceptance on held-out text; writes bench/results-gpu-drafter.json
 	PYTHONPATH=extractor:bench $(or $(GPU_PYTHON),python3) bench/bench_gpu_drafter.py --out bench/results-gpu-drafter.json $(BENCH_ARGS)
 
-clean:  ## remove the venvs and the default run's files
-	rm -rf $(VENV) .venv-sglang .venv-trainers .venv-ansible $(WORK)
+clean:  ## remove the default run's files (WORK: the model, data, outputs, logs); the venvs stay
+	rm -rf $(WORK)
+
+clean-venvs:  ## remove the virtualenvs (.venv, .venv-sglang, .venv-trainers, .venv-ansible); the next target rebuilds them
+	rm -rf $(VENV) .venv-sglang .venv-trainers .venv-ansible

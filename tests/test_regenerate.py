@@ -62,7 +62,7 @@ def test_every_row_is_accounted_for_in_order_with_its_schema_and_metadata(fake: 
     counts = summary.counts
     assert summary.status == "complete"
     assert counts["ok"] + counts["failed"] + counts["skipped"] == counts["rows_in"] == len(rows)
-    assert counts["failed_by_reason"] == {"no assistant turn": 1, "no user turn": 1, "not JSON": 1,
+    assert counts["failed_by_reason"] == {"no assistant turn": 1, "no user turn": 1, "not_json": 1,
                                           "not an object": 1, "server refused": 1, "unknown role": 1}
     out = _lines(tmp_path / "out.jsonl")
     ok_inputs = [r for r in rows if isinstance(r, dict) and r not in BAD_ROWS]
@@ -275,7 +275,8 @@ def test_rids_are_never_extraction_rids() -> None:
 
 
 def test_pipeline_regenerate_prepare_extract_verify_then_all_skipped(fake: FakeSGLang, model_dir: Any,
-                                                                       start_server: Any, tmp_path: Path) -> None:
+                                                                       start_server: Any, tmp_path: Path,
+                                                                       capsys: Any) -> None:
     import yaml
 
     from hsextract.extract.data_config import read_data_config
@@ -294,6 +295,9 @@ def test_pipeline_regenerate_prepare_extract_verify_then_all_skipped(fake: FakeS
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config))
     assert main(["pipeline", "--config", str(path)]) == 0
+    printed = capsys.readouterr().out  # the extract step's summary and its train command (issue 29 item 14)
+    assert f"COMPLETE: {tmp_path / 'out'}" in printed and "output holds 4 samples" in printed
+    assert f"  specforge train --config {(tmp_path / 'out').resolve() / 'specforge_train.yaml'}" in printed
     data = read_data_config(tmp_path / "out")
     assert data is not None and data.complete and data.sources is not None
     regen = data.sources["regenerate"]

@@ -59,7 +59,8 @@ def test_default_output_is_served_by_the_trainers_default_drafter(model_dir, sta
     assert trainer["name"] == "specforge" and trainer["config"]["model"]["aux_hidden_state_layer_ids"] == [1, 3, 4]
     assert trainer["config"]["data"] == {"hidden_states_path": ".", "max_length": 2048}
     assert any("eagle_aux_hidden_state_layer_ids [1, 3, 4]" in line for line in summary.hints)
-    assert any(f"data.hidden_states_path={out.resolve()}" in line for line in summary.hints)
+    assert f"  specforge train --config {out.resolve() / 'specforge_train.yaml'}" in summary.hints
+    assert f"hidden_states_path: {out.resolve()}" in (out / "specforge_train.yaml").read_text()
 
     printed = hsextract("draft-config", out)
     assert printed.returncode == 0, printed.stderr
@@ -206,6 +207,6 @@ def test_speculators_flags(model_dir, start_server, tmp_path: Path) -> None:
         "--total-seq-len": 8192,
         "--target-layer-ids": [2, 4, 5],  # speculators numbers the layer entered
     }
-    line = next(h for h in summary.hints if h.startswith("train with speculators"))
+    line = summary.hints[summary.hints.index("train with speculators 0.9.0:") + 1]
     assert f"--hidden-states-path {(tmp_path / 'out' / 'hidden_states').resolve()}" in line
     assert "--target-layer-ids 2 4 5" in line

@@ -20,9 +20,8 @@ from hsextract.capture.embedded.config import ServeConfig
 from hsextract.capture.sglang.config import SGLangLaunchConfig
 from hsextract.config import add_config_arguments, load_config
 from hsextract.contract.layers import capture_indices
-from hsextract.contract.states import RunStatus
 from hsextract.errors import ConfigError, HsextractError
-from hsextract.exit_codes import EXIT_CONFIG, EXIT_FATAL, EXIT_INCOMPLETE, EXIT_INTERRUPTED
+from hsextract.exit_codes import EXIT_CONFIG, EXIT_FATAL, EXIT_INTERRUPTED
 from hsextract.extract.config import ExtractConfig
 from hsextract.ports import check_port_free
 
@@ -92,6 +91,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_extract(args: argparse.Namespace) -> int:
+    from hsextract.extract.report import print_extract_summary
     from hsextract.extract.run import Extraction
 
     config: ExtractConfig = load_config(ExtractConfig, args)
@@ -103,32 +103,7 @@ def _cmd_extract(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    summary = extraction.run()
-    print(
-        f"\n{summary.status.upper()}: {summary.output}\n"
-        f"  rows in shard {summary.rows_in_shard}: written now {summary.written_now}, already done {summary.resumed}, "
-        f"bad input {summary.bad_input}, failed {summary.failed}\n"
-        f"  output holds {summary.total_samples} samples, {summary.total_tokens} tokens "
-        f"({summary.truncated} truncated to max_seq_len {config.max_seq_len})\n"
-        f"  took {summary.seconds:.1f} s; details in {summary.output}/data_config.json and errors.jsonl\n"
-        f"  dumps taken up at most {summary.longest_dump_pickup_s:.2f} s after they were complete; "
-        f"{summary.late_answers} rows written before their HTTP answer came (hsextract_late_answers_total)"
-    )
-    if summary.server_outages:
-        print(f"  waited through {summary.server_outages} server outage(s) mid-run (hsextract_server_outages_total)")
-    for line in summary.hints:
-        print(f"  {line}")
-    if summary.status is RunStatus.STOPPED:
-        # a fatal error's text, or why no row was usable (no error raised): data_config.json's stop_reason either way
-        print(f"error: {summary.stop_reason or summary.fatal_error}", file=sys.stderr)
-        return EXIT_FATAL
-    if summary.status is RunStatus.INTERRUPTED:
-        print(f"{summary.stop_reason}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    if summary.status is RunStatus.INCOMPLETE:
-        print("some rows failed (see errors.jsonl, kind 'failed'); rerun the same command to retry them", file=sys.stderr)
-        return EXIT_INCOMPLETE
-    return 0
+    return print_extract_summary(extraction.run(), config)
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
@@ -299,7 +274,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(serve, ServeConfig)
     serve.set_defaults(func=_cmd_serve)
 
-    extract = sub.add_parser("extract", help="extract hidden states from a running server into an output directory")
+    extract = sub.add_parser(
+        "extract",
+        help="extract hidden states from a running server into an output directory",
+        description="Send every row of a tokenized dataset (input_ids, loss_mask: hsextract prepare's output, .jsonl or "
+        ".parquet) to a running SGLang or hsextract serve server, check each hidden-state dump it writes (tokens, shapes, "
+        "dtype, layers, finite) and pack it into OUTPUT in the trainer's format (specforge or speculators, by default the "
+        "dataset's prepare.json --like), with data_config.json, identity.json and errors.jsonl. Resumable: rerun the same "
+        "command after any stop. Start the server first. Every option is also a key of --config's YAML file.",
+        epilog="Exit codes: 0 ok, 1 fatal stop, 2 bad configuration or another output's identity, 3 some rows failed "
+        "(rerun), 130 interrupted (rerun).",
+    )
     add_config_arguments(extract, ExtractConfig)
     extract.set_defaults(func=_cmd_extract)
 

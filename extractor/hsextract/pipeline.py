@@ -3,14 +3,17 @@
 The file has one section per step, each holding that step's own options (the keys of
 ``RegenerateConfig``, ``PrepareConfig``, ``ExtractConfig``)::
 
-    regenerate: {server: http://127.0.0.1:30000, dataset: conv.jsonl, output: work/regenerated.jsonl}
-    prepare: {model: /models/target, output: work/prepared}          # dataset: regenerate's output
-    extract: {server: http://127.0.0.1:30000, output: work/out}      # dataset: prepare's output
+    regenerate: {server: http://127.0.0.1:30000, dataset: conv.jsonl, output: work/pipeline/regenerated.jsonl}
+    prepare: {model: /models/target, output: work/pipeline/prepared}   # dataset: regenerate's output
+    extract: {server: http://127.0.0.1:30000, output: work/pipeline/out}  # dataset: prepare's output
     verify: true
 
-Every section is validated before the first step runs, so a typo in ``extract`` stops the pipeline
-before hours of regeneration. ``regenerate`` is optional (conversations used as they are). A step's
-``dataset`` defaults to the previous step's output and ``prepare.format`` to ``extract.format``. Each
+Every section, and every output already there (another run's prepared dataset or extraction:
+:mod:`hsextract.pipeline_checks`), is checked before the first step runs, so a typo in ``extract``
+stops the pipeline before hours of regeneration. Relative paths are the YAML file's folder's.
+``regenerate`` is optional (conversations used as they are). A step's
+``dataset`` defaults to the previous step's output, ``prepare.format`` to ``extract.format`` and
+``extract.format`` to prepare's ``like`` (two that differ are refused). Each
 step resumes, and one already complete is skipped (regenerate: its ``summary.json`` with the section's
 sampling, turns, reasoning and input, without asking its server, which may be gone; prepare: its
 ``prepare.json``; extract: a complete ``data_config.json``). At the end the output's
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +34,8 @@ from pydantic import Field, ValidationError
 
 from hsextract.config import StrictConfig
 from hsextract.errors import ConfigError
-from hsextract.extract.config import ExtractConfig
+from hsextract.extract.config import ExtractConfig, format_clash
+from hsextract.pipeline_checks import check_extract_output, check_prepare_output
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +66,21 @@ def _section(model: type[StrictConfig], name: str, data: dict[str, Any], path: P
                           "options)") from None
 
 
+def _is_path_field(annotation: Any) -> bool:
+    return annotation is Path or Path in typing.get_args(annotation)
+
+
+def resolve_paths(model: type[StrictConfig], data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """The section with each relative path option made absolute against ``folder`` (the YAML file's): the file
+    means the same from any directory, ``make pipeline``'s included."""
+    resolved = dict(data)
+    for name, field in model.model_fields.items():
+        value = resolved.get(name)
+        if isinstance(value, str) and _is_path_field(field.annotation) and not Path(value).expanduser().is_absolute():
+            resolved[name] = str(folder / value)
+    return resolved
+
+
 def load_pipeline(path: Path) -> Steps:
     """Every step's config, chained and validated, or ConfigError naming the section."""
     from hsextract.prepare.config import PrepareConfig
@@ -73,16 +93,24 @@ def load_pipeline(path: Path) -> Steps:
     except yaml.YAMLError as exc:
         raise ConfigError(f"pipeline config {path} is not valid YAML: {exc}") from None
     config: PipelineConfig = _section(PipelineConfig, "pipeline", loaded if isinstance(loaded, dict) else {}, path)
+    folder = Path(path).resolve().parent
     regenerate = None
     if config.regenerate is not None:
-        regenerate = _section(RegenerateConfig, "regenerate", config.regenerate, path)
-    prepare_data = dict(config.prepare)
+        regenerate = _section(RegenerateConfig, "regenerate", resolve_paths(RegenerateConfig, config.regenerate, folder), path)
+    prepare_data = resolve_paths(PrepareConfig, config.prepare, folder)
     if regenerate is not None:
         prepare_data.setdefault("dataset", str(regenerate.output))
     if "format" in config.extract:
         prepare_data.setdefault("format", config.extract["format"])
     prepare = _section(PrepareConfig, "prepare", prepare_data, path)
-    extract = _section(ExtractConfig, "extract", {"dataset": str(prepare.output), **config.extract}, path)
+    extract_data = {"dataset": str(prepare.output), **resolve_paths(ExtractConfig, config.extract, folder)}
+    if "format" not in config.extract:
+        extract_data["format"] = prepare.convention  # the trainer the rows are prepared for
+    elif config.extract["format"] != prepare.convention:
+        raise ConfigError(f"{path}: " + format_clash(config.extract["format"], prepare.convention, prepare.output))
+    extract = _section(ExtractConfig, "extract", extract_data, path)
+    check_prepare_output(prepare, path)  # before the first step: not after hours of regeneration
+    check_extract_output(extract, prepare, path)
     return Steps(regenerate, prepare, extract, config.verify)
 
 
@@ -126,11 +154,13 @@ def run_pipeline(steps: Steps) -> int:
     if existing is not None and existing.complete:
         log.info("pipeline: extract already complete (%s)", steps.extract.output)
     else:
+        from hsextract.extract.report import print_extract_summary
+
         result = Extraction(steps.extract).run()
         log.info("pipeline: extract %s (%s)", result.status, steps.extract.output)
+        code = print_extract_summary(result, steps.extract)  # the counts, the serving and train lines
         if result.status is not RunStatus.COMPLETE:
-            return {RunStatus.INTERRUPTED: EXIT_INTERRUPTED, RunStatus.INCOMPLETE: EXIT_INCOMPLETE}.get(
-                result.status, EXIT_FATAL)
+            return code
     record_sources(steps.extract.output, sources(steps))
     if steps.verify:
         report = verify_output(steps.extract.output)

@@ -108,3 +108,21 @@ def test_every_hsextract_subcommand_a_runbook_names_exists(subcommand: str) -> N
     done = subprocess.run([sys.executable, "-m", "hsextract", subcommand, "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"hsextract {subcommand} --help failed: {done.stderr[-500:]}"
     assert f"usage: hsextract {subcommand}" in done.stdout
+
+
+def test_every_runbook_names_the_make_target_or_playbook_an_operator_runs() -> None:
+    """Issue 29 item 13: a runbook's Fix says what to run, not only "rerun the command"."""
+    without = []
+    for page in PAGES:
+        fix = page.read_text().split("## Fix", 1)[1].split("## Verify", 1)[0]
+        if not re.search(r"\bmake [a-z][a-z-]*|ansible-playbook (?:-i \S+ )?\S+\.yml", code_of(fix)):
+            without.append(page.name)
+    assert without == [], f"runbooks whose Fix names no make target or playbook: {without}"
+
+
+def test_regeneration_runbook_gives_the_fleet_restart() -> None:
+    text = (RUNBOOKS / "regeneration.md").read_text()
+    fleet = text.split("### On the fleet", 1)[1].split("## Verify", 1)[0]
+    for needed in ("make regenerate INVENTORY=", "playbooks/regenerate.yml", "hsextract-regenerate.service",
+                   "What survives a restart", "Check each shard", "OUT.journal/rows.jsonl", "summary.json"):
+        assert needed in fleet, f"regeneration.md's fleet part does not give {needed!r}"

@@ -63,6 +63,7 @@ def test_the_trainer_builds_a_draft_vocabulary_of_the_asked_size_from_it(output,
 
 def test_the_summary_says_how_to_pick_the_draft_vocab_size(output) -> None:
     out = output("llama", "speculators")
-    line = format_class("speculators").trainer_summary(out.config["trainer"], out.path)
-    assert f"--draft-vocab-size N for a smaller draft vocabulary, built from {out.path / 'data' / 'token_freq.pt'}" in line
-    assert f"({len(_ours(out.path))} distinct supervised tokens" in line
+    line = format_class("speculators").trainer_summary(out.config["trainer"], out.path, str(out.model))[-1]
+    distinct = len(_ours(out.path))
+    assert f"--draft-vocab-size N with N at most {distinct}, the distinct supervised tokens counted in " in line
+    assert str(out.path / "data" / "token_freq.pt") in line

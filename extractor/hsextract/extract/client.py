@@ -123,7 +123,7 @@ class ServerClient:
         self._http.close()
 
     def cancel(self) -> int:
-        """Fail every request in flight now, and every later one; return how many were open."""
+        """Fail every request in flight now, and every later one; return how many were in flight."""
         return self._http.cancel()
 
     def later(self, delay_s: float, callback: Callable[[], object]) -> None:

@@ -7,13 +7,14 @@ turns the model into flags and loads the file).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from hsextract.config import IntList, RidPrefix, StrictConfig
 from hsextract.contract import defaults
 from hsextract.contract.layers import DEFAULT_AUX_LAYERS_TEXT, LAYER_IDS_HELP
+from hsextract.errors import ConfigError
 from hsextract.extract.formats import DEFAULT_FORMAT, FORMAT_NAMES
 
 if TYPE_CHECKING:
@@ -21,6 +22,23 @@ if TYPE_CHECKING:
 else:
     #: the output formats' names, from their registry (hsextract.extract.formats): one choice per format
     FormatName = Literal[FORMAT_NAMES]
+
+
+def preparation_format(dataset: Path) -> str | None:
+    """The ``--like`` a dataset directory was prepared with (its ``prepare.json``); None for any other dataset."""
+    from hsextract.prepare.provenance import read_provenance
+
+    provenance = read_provenance(dataset) if dataset.is_dir() else None
+    return None if provenance is None else provenance.settings.like
+
+
+def format_clash(format_name: str, prepared_like: str, dataset: Path) -> str:
+    """The refusal of an output format other than the trainer a dataset was prepared for."""
+    return (
+        f"--format {format_name} but {dataset} was prepared --like {prepared_like} (its prepare.json): its rows and "
+        f"loss masks are {prepared_like}'s, so a {format_name} output would train on another tokenization. Drop --format "
+        f"(it then follows prepare.json), or prepare the conversations again with --like {format_name}"
+    )
 
 
 class ExtractConfig(StrictConfig):
@@ -32,7 +50,11 @@ class ExtractConfig(StrictConfig):
     dump_dir: Path | None = Field(
         None, description="where the server writes dumps (default: the one the server reports in /server_info)"
     )
-    format: FormatName = Field(DEFAULT_FORMAT, description="output layout: " + ", ".join(FORMAT_NAMES))
+    format: FormatName = Field(
+        DEFAULT_FORMAT,
+        description="output layout: " + ", ".join(FORMAT_NAMES) + " (default: the --like of a dataset hsextract "
+        f"prepare made, else {DEFAULT_FORMAT})",
+    )
     storage: Literal["auto", "float8_e4m3fn"] = Field(
         "auto",
         description="how the hidden states are stored: auto, the model's dtype (specforge: bfloat16); float8_e4m3fn, FP8 "
@@ -110,6 +132,23 @@ class ExtractConfig(StrictConfig):
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"server {value!r} must start with http:// or https://")
         return value.rstrip("/")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _format_of_the_preparation(cls, data: Any) -> Any:
+        """A dataset ``prepare`` made was tokenized for one trainer (its ``prepare.json`` ``like``): without a format
+        the output is that trainer's, and another format is refused naming both."""
+        if not isinstance(data, dict) or data.get("dataset") is None:
+            return data
+        prepared_like = preparation_format(Path(data["dataset"]))
+        if prepared_like is None:
+            return data
+        given = data.get("format")
+        if given is None:
+            return {**data, "format": prepared_like}
+        if given != prepared_like:
+            raise ConfigError(format_clash(given, prepared_like, Path(data["dataset"])))
+        return data
 
     @model_validator(mode="after")
     def _shards(self) -> ExtractConfig:

@@ -8,7 +8,6 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from hsextract import __version__
 from hsextract.contract.layers import capture_indices, layer_numbering_line, recorded_layer_ids
@@ -47,9 +46,23 @@ class RunSummary:
     server_outages: int = 0
 
 
-def summary_lines(serving: SGLangServing, trainer: dict[str, Any], output: Path, format_name: str) -> list[str]:
-    """The end-of-run summary's lines about serving (SGLang's value) and training (the format's trainer)."""
-    return [serving_line(serving), format_class(format_name).trainer_summary(trainer, output)]
+def trainable(data_config: DataConfig) -> bool:
+    """Whether the output is one to train on: complete, with samples (a partial output would train on a subset)."""
+    return data_config.complete and data_config.total_samples > 0 and data_config.trainer is not None
+
+
+def summary_lines(serving: SGLangServing, data_config: DataConfig, output: Path) -> list[str]:
+    """The end-of-run summary's lines about serving (SGLang's value) and training (the format's trainer command,
+    for a complete output with samples only)."""
+    lines = [serving_line(serving)]
+    if trainable(data_config) and data_config.trainer is not None and data_config.format is not None:
+        lines += format_class(data_config.format).trainer_summary(data_config.trainer, output, data_config.model.path)
+    else:
+        lines.append(
+            f"no train command: the output is {data_config.status or 'unfinished'} with {data_config.total_samples} "
+            "samples; train once a run ends COMPLETE"
+        )
+    return lines
 
 
 def storage_hint(data_config: DataConfig) -> tuple[str, ...]:
@@ -71,7 +84,7 @@ def summarize(
     cfg = setup.config
     errors = ledger.manifest.errors.values()
     status, stop_reason = RunStatus(data_config.status), data_config.stop_reason
-    hints = summary_lines(setup.serving, data_config.trainer or {}, cfg.output, setup.fmt.name)
+    hints = summary_lines(setup.serving, data_config, cfg.output)
     hints.insert(0, layer_numbering_line(setup.aux_layer_ids, setup.server.num_layers))  # which numbering the lists use
     return RunSummary(
         status=status,

@@ -50,7 +50,7 @@ from hsextract.extract.manifest import Manifest, WrittenSample
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.open_requests import OpenRequests, StallWatchdog
 from hsextract.extract.ordering import shortest_first
-from hsextract.extract.outcome import RunSummary, build_data_config, summarize
+from hsextract.extract.outcome import RunSummary, build_data_config, summarize, trainable
 from hsextract.extract.plan import Plan, Planner
 from hsextract.extract.preflight import check_disk, establish_identity, log_lengths, prepare
 from hsextract.extract.progress import Progress
@@ -122,8 +122,8 @@ class Extraction:
                     cancelled = self.client.cancel()
                     why = self._interrupted_by or "a fatal error"
                     log.warning(
-                        "stopping (%s): cancelled %d open connections to the server; requests in flight are not "
-                        "failures, a rerun does them",
+                        "stopping (%s): cancelled the %d requests in flight; they are not failures, a rerun does "
+                        "them",
                         why,
                         cancelled,
                     )
@@ -269,8 +269,10 @@ class Extraction:
         )
         try:
             write_data_config(cfg.output, data_config)
+            if trainable(data_config) and data_config.trainer is not None:
+                fmt.write_trainer_files(data_config.trainer, cfg.output, data_config.model.path)
         except OSError as exc:
-            log.error("could not write data_config.json (%s); the next run writes it", exc)
+            log.error("could not write data_config.json or the trainer's files (%s); the next run writes them", exc)
         sweep_stale_dumps(setup.dump_dir, cfg.rid_prefix, cfg.shard_index, cfg.num_shards)
         outages = self._gate.outages if self._gate is not None else 0
         return summarize(setup, data_config, ledger, plan, seconds=time.monotonic() - started, server_outages=outages)

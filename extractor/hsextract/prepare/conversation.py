@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from hsextract.contract.states import ErrorReason
+
 #: each accepted role name and the role it stands for
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system", "tool": "tool"}
 
@@ -24,7 +26,7 @@ ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assi
 class Reason:
     """Why a row gave no output row: the ``reason`` of its errors file record and of the counts."""
 
-    NOT_JSON = "not JSON"
+    NOT_JSON = ErrorReason.NOT_JSON.value  # one spelling with extract's errors.jsonl and hsextract_errors_total
     NOT_OBJECT = "not an object"
     NO_CONVERSATION = "no conversations or messages field"
     NOT_LIST = "conversation not a list"

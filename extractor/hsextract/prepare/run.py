@@ -125,7 +125,7 @@ def run_prepare(config: PrepareConfig) -> PrepareSummary:
         chunk_rows=config.chunk_rows,
     )
     summary = PrepareSummary(str(config.output), config.convention, template_name)
-    writer = PreparedWriter(config.output, settings)
+    writer = PreparedWriter(config.output, settings, progress=config.progress)
     if writer.check_output():
         done = read_provenance(config.output)
         summary.already_complete, summary.counts = True, dict(done.counts) if done else {}

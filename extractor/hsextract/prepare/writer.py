@@ -15,12 +15,14 @@ errors file, ``prepare.json`` last), which is renamed to ``OUT`` in one step.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
 import os
 import shutil
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -82,9 +84,10 @@ def _write_durably(path: Path, data: bytes) -> None:
 
 
 class PreparedWriter:
-    def __init__(self, output: Path, settings: Settings) -> None:
+    def __init__(self, output: Path, settings: Settings, progress: bool = True) -> None:
         self.output = Path(output)
         self.settings = settings
+        self.progress = progress  # False: no bar, datasets' "Saving the dataset" included
         self.staging = self.output.with_name(self.output.name + ".partial")
         self.parts_dir = self.staging / "parts"
         self._lock: IO[str] | None = None
@@ -223,7 +226,8 @@ class PreparedWriter:
             }
         )
         dataset = datasets.Dataset(InMemoryTable(table.cast(features.arrow_schema)))
-        dataset.save_to_disk(str(final))
+        with _progress_bars(self.progress):
+            dataset.save_to_disk(str(final))
         with open(final / ERRORS_FILE, "wb") as errors:
             for r in records:
                 with open(self.parts_dir / f"part-{r.part:06d}.errors.jsonl", "rb") as part_errors:
@@ -243,3 +247,18 @@ class PreparedWriter:
         if self._lock is not None:
             self._lock.close()
             self._lock = None
+
+
+@contextlib.contextmanager
+def _progress_bars(shown: bool) -> Iterator[None]:
+    """datasets' own bars (``save_to_disk``'s "Saving the dataset") on or off for the block, then as they were."""
+    from datasets.utils import logging as datasets_logging
+
+    enabled = datasets_logging.is_progress_bar_enabled()
+    if enabled and not shown:
+        datasets_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled and not shown:
+            datasets_logging.enable_progress_bar()

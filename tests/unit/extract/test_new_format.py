@@ -26,7 +26,7 @@ from hsextract.dev import format_facts
 from hsextract.errors import ConfigError
 from hsextract.extract import formats, preflight
 from hsextract.extract.checksum import WrittenFile, file_checksum
-from hsextract.extract.data_config import write_data_config
+from hsextract.extract.data_config import read_data_config, write_data_config
 from hsextract.extract.dataset import Sample
 from hsextract.extract.formats import FormatEntry, format_class
 from hsextract.extract.formats.base import OutputFormat, StoredSample
@@ -63,8 +63,8 @@ class ToyFormat(OutputFormat):
         return {"name": cls.trainer_name, "version": cls.trainer_version, "max_len": cls.trainer_length(longest_sample)}
 
     @classmethod
-    def trainer_summary(cls, trainer: dict[str, Any], output: Path) -> str:
-        return f"train with toytrainer --data {Path(output).resolve()} --max-len {trainer['max_len']}"
+    def trainer_command(cls, trainer: dict[str, Any], output: Path, model: str) -> list[str]:
+        return ["toytrainer", "--data", str(Path(output).resolve()), "--max-len", str(trainer["max_len"])]
 
     def sample_path(self, row: int) -> Path:
         return self.root / "toy" / f"row_{row}.safetensors"
@@ -173,8 +173,10 @@ def test_a_registered_format_runs_through_config_preflight_verify_merge_and_the_
     assert merged.ok and merged.samples == 5, merged.problems
     assert sorted(p.name for p in (tmp_path / "merged" / "toy").iterdir()) == [f"row_{r}.safetensors" for r in range(5)]
     # the end-of-run summary asks the format
-    lines = summary_lines(SGLangServing(None, LAYERS, 4, None), {"max_len": 16}, tmp_path, "toy")
-    assert lines[1].startswith("train with toytrainer")
+    merged_config = read_data_config(tmp_path / "merged")
+    assert merged_config is not None
+    lines = summary_lines(SGLangServing(None, LAYERS, 4, None), merged_config, tmp_path)
+    assert lines[1] == "train with toytrainer 1.0:" and lines[2].startswith("  toytrainer --data")
     # the deployment's facts: generated from the registry, the new format included
     facts = format_facts.format_facts()
     assert facts["_hsx_extractor_format_names"] == [*formats.FORMAT_NAMES]

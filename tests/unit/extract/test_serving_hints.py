@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hsextract.contract.sglang_capture import ModelFamily
+from hsextract.extract.data_config import DataConfig
 from hsextract.extract.formats import format_class
 from hsextract.extract.formats.speculators import speculators_args
 from hsextract.extract.outcome import summary_lines
@@ -28,7 +29,10 @@ def test_unknown_family_gives_no_value_and_says_why(tmp_path: Path) -> None:
     assert "set architecture" in serving.to_json()["no_value_because"]
     settings = format_class("specforge").trainer_settings(serving, 10)
     assert settings["config"]["model"] == {}  # nothing to pass: SpecForge's default would be a guess here
-    first = summary_lines(serving, settings, tmp_path, "specforge")[0]
+    data_config = DataConfig.model_validate(
+        {"format": "specforge", "aux_layer_ids": [1, 29, 57], "num_hidden_layers": 61, "trainer": settings}
+    )
+    first = summary_lines(serving, data_config, tmp_path)[0]
     assert first.startswith("no SGLang draft-config value: the model family is unknown")
 
 

@@ -139,3 +139,16 @@ def test_cli_with_a_config_file(chatml_model: Path, tmp_path: Path, capsys: pyte
     assert "ALREADY COMPLETE" in capsys.readouterr().out
     assert main(["prepare", "--config", str(config), "--output", str(tmp_path / "o2"), "--specforge-template", "qwen"]) == 2
     assert "applies to --like specforge only" in capsys.readouterr().err
+
+
+def test_no_progress_hides_every_bar_the_saving_of_the_dataset_included(
+    chatml_model: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 29 item 14: datasets' own "Saving the dataset" bar showed through --no-progress."""
+    from hsextract.dev.sample_data import make_sample_conversations
+
+    source = make_sample_conversations(tmp_path / "c.jsonl", 4, 3)
+    assert main(["prepare", "--model", str(chatml_model), "--dataset", str(source), "--output", str(tmp_path / "out"),
+                 "--specforge-template", "qwen", "--no-progress"]) == 0  # fmt: skip
+    printed = capfd.readouterr()
+    assert "Saving the dataset" not in printed.err + printed.out and "it/s" not in printed.err

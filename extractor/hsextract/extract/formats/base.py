@@ -9,6 +9,7 @@ summary prints), bytes per token for the disk preflight, and its hooks into ``ve
 
 from __future__ import annotations
 
+import shlex
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -132,8 +133,26 @@ class OutputFormat(ABC):
 
     @classmethod
     @abstractmethod
-    def trainer_summary(cls, trainer: dict[str, Any], output: Path) -> str:
-        """The end-of-run summary line that says how to train on the output (paths resolved)."""
+    def trainer_command(cls, trainer: dict[str, Any], output: Path, model: str) -> list[str]:
+        """The whole command line (argv, the released trainer's own entry point first) that trains on the output
+        made from ``model``, paths resolved."""
+
+    @classmethod
+    def trainer_note(cls, output: Path) -> str | None:
+        """A hint printed under the command (None: none)."""
+        return None
+
+    @classmethod  # noqa: B027  (a trainer that reads only the output's own files keeps it empty)
+    def write_trainer_files(cls, trainer: dict[str, Any], output: Path, model: str) -> None:
+        """Write into the output the files :meth:`trainer_command` reads (none by default)."""
+
+    @classmethod
+    def trainer_summary(cls, trainer: dict[str, Any], output: Path, model: str) -> list[str]:
+        """The end-of-run summary's lines on training: the trainer, then its command quoted for a POSIX shell on a
+        line of its own (pasteable as it is), then the note."""
+        command = shlex.join(cls.trainer_command(trainer, output, model))
+        note = cls.trainer_note(output)
+        return [f"train with {cls.trainer_name} {cls.trainer_version}:", f"  {command}", *([note] if note else [])]
 
     @classmethod
     def trainer_length(cls, longest_sample: int) -> int:

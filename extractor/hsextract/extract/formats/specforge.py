@@ -13,14 +13,14 @@ records the conversion in data_config.json (``computed_dtype``, ``dtype_conversi
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
-from hsextract.contract.atomic import remove_quietly, temp_path
+from hsextract.contract.atomic import atomic_write_bytes, remove_quietly, temp_path
 from hsextract.contract.dumps import Dump
 from hsextract.errors import ConfigError
 from hsextract.extract.checksum import HashingWriter, WrittenFile
@@ -37,6 +37,27 @@ SPECFORGE_DEFAULT_MAX_LENGTH = 2048
 SPECFORGE_NUM_AUX_LAYERS = 3
 #: the dtype SpecForge's target head and draft run in; its target head fails on any other input
 SPECFORGE_DTYPE = "bfloat16"
+
+
+#: the SpecForge run config the summary's command reads, written into a complete output
+SPECFORGE_RUN_CONFIG = "specforge_train.yaml"
+
+
+def specforge_run_config(trainer: dict[str, Any], output: Path, model: str) -> str:
+    """A ``specforge train --config`` file for this output: the target model, the recorded settings, absolute paths.
+    The layer ids live here, not on the command line: SpecForge's dotted override leaves ``[1,3,4]`` a string for a
+    field its config does not already hold as a list, and its schema then refuses it."""
+    settings = trainer["config"]
+    config = {
+        "model": {"target_model_path": model, **settings["model"]},
+        "data": {**settings["data"], "hidden_states_path": str(Path(output).resolve() / settings["data"]["hidden_states_path"])},
+    }
+    header = (
+        f"# SpecForge {SPECFORGE_VERSION} run config for this output, written by hsextract: specforge train --config "
+        "this-file [section.field=value ...]\n# (a moved output or model: override data.hidden_states_path= or "
+        "model.target_model_path=)\n"
+    )
+    return header + yaml.safe_dump(config, sort_keys=False)
 
 
 def _skip_zip_crc() -> None:
@@ -90,14 +111,13 @@ class SpecForgeFormat(OutputFormat):
         }
 
     @classmethod
-    def trainer_summary(cls, trainer: dict[str, Any], output: Path) -> str:
-        settings = trainer["config"]
-        parts = [f"data.hidden_states_path={Path(output).resolve() / settings['data']['hidden_states_path']}"]
-        parts.append(f"data.max_length={settings['data']['max_length']}")
-        if "aux_hidden_state_layer_ids" in settings["model"]:
-            ids = json.dumps(settings["model"]["aux_hidden_state_layer_ids"], separators=(",", ":"))
-            parts.append(f"model.aux_hidden_state_layer_ids={ids}")
-        return f"train with SpecForge {cls.trainer_version}: " + " ".join(parts)
+    def trainer_command(cls, trainer: dict[str, Any], output: Path, model: str) -> list[str]:
+        # `specforge train` (the wheel's one console script) takes a whole run config: the file below
+        return ["specforge", "train", "--config", str(Path(output).resolve() / SPECFORGE_RUN_CONFIG)]
+
+    @classmethod
+    def write_trainer_files(cls, trainer: dict[str, Any], output: Path, model: str) -> None:
+        atomic_write_bytes(Path(output) / SPECFORGE_RUN_CONFIG, specforge_run_config(trainer, output, model).encode())
 
     def sample_path(self, row: int) -> Path:
         group = row // ROWS_PER_DIR * ROWS_PER_DIR

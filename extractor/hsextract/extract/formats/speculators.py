@@ -61,6 +61,23 @@ def speculators_args(trainer: dict[str, Any], output: Path) -> list[str]:
     return args
 
 
+def draft_vocab_hint(distribution: dict[int, int], path: Path, coverage: float = 0.95) -> str:
+    """The ``--draft-vocab-size`` hint for an output whose supervised tokens count as ``distribution``: an N above the
+    distinct tokens only pads the draft vocabulary with tokens never trained on, so the hint names that bound and the
+    N that covers ``coverage`` of the supervised tokens."""
+    distinct = len(distribution)
+    counts = sorted(distribution.values(), reverse=True)
+    total, covered, covering = sum(counts), 0, 0
+    for covering, count in enumerate(counts, 1):  # noqa: B007  (the loop's last value is the answer)
+        covered += count
+        if covered >= coverage * total:
+            break
+    return (
+        f"for a smaller draft vocabulary add --draft-vocab-size N with N at most {distinct}, the distinct supervised "
+        f"tokens counted in {path} (the {covering} most frequent cover {coverage:.0%} of the supervised tokens)"
+    )
+
+
 class SpeculatorsFormat(OutputFormat):
     name = "speculators"
     final_norm_applied = False
@@ -112,16 +129,16 @@ class SpeculatorsFormat(OutputFormat):
         }
 
     @classmethod
-    def trainer_summary(cls, trainer: dict[str, Any], output: Path) -> str:
-        line = f"train with speculators {cls.trainer_version}: " + " ".join(speculators_args(trainer, output))
+    def trainer_command(cls, trainer: dict[str, Any], output: Path, model: str) -> list[str]:
+        # `speculators train` (the wheel's console script); --verifier-name-or-path is the one flag it requires
+        return ["speculators", "train", "--verifier-name-or-path", model, *speculators_args(trainer, output)]
+
+    @classmethod
+    def trainer_note(cls, output: Path) -> str | None:
         path = output / "data" / token_freq.TOKEN_FREQ_FILE
-        if path.exists():
-            distinct = len(token_freq.read(path))
-            line += (
-                f"; add --draft-vocab-size N for a smaller draft vocabulary, built from {path} ({distinct} distinct "
-                "supervised tokens: an N at or below that keeps the most frequent ones, e.g. 32000 for a Kimi-size vocabulary)"
-            )
-        return line
+        if not path.exists():
+            return None
+        return draft_vocab_hint(token_freq.read(path), path)
 
     def sample_path(self, row: int) -> Path:
         return self.root / "hidden_states" / f"hs_{row}.safetensors"
