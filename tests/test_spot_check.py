@@ -55,7 +55,7 @@ class AuxOneLayerLate(Engine):
     """The dump path takes every aux state one layer later than it says (hidden_states[c + 1])."""
 
     def _gather(self, rows, states, prenorm, with_prenorm):  # type: ignore[no-untyped-def]
-        aux, final, before = super()._gather(rows, states, prenorm, with_prenorm)
+        _, final, before = super()._gather(rows, states, prenorm, with_prenorm)
         late = torch.stack([rows(states[c + 1]) for c in self.capture], dim=1)
         return late, final, before
 
@@ -64,7 +64,7 @@ class FinalBeforeNorm(Engine):
     """The dump path stores the final layer's pre-norm output as the post-norm final state."""
 
     def _gather(self, rows, states, prenorm, with_prenorm):  # type: ignore[no-untyped-def]
-        aux, final, before = super()._gather(rows, states, prenorm, True)
+        aux, _, before = super()._gather(rows, states, prenorm, True)
         return aux, before, before if with_prenorm else None
 
 
@@ -95,7 +95,8 @@ def test_the_answer_is_the_unbatched_forward_in_sglangs_shape(model_dir, serve) 
     with torch.no_grad():
         out = server.engine.model(torch.tensor([ids]), output_hidden_states=True)
     expected = torch.cat([out.hidden_states[c][0] for c in server.engine.capture], dim=-1)
-    assert torch.allclose(answer.hidden, expected, atol=1e-5) and torch.allclose(answer.final, out.hidden_states[-1][0], atol=1e-5)
+    assert torch.allclose(answer.hidden, expected, atol=1e-5)
+    assert torch.allclose(answer.final, out.hidden_states[-1][0], atol=1e-5)
     assert not (server.dump_dir / "check-1").exists()  # never dumped
 
 
