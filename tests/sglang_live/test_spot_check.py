@@ -55,7 +55,7 @@ def test_a_run_with_the_spot_check_on_passes(server, tmp_path: Path) -> None:  #
     spot = config["spot_checks"]
     assert spot["checked_rows"] == spot["matched_rows"] == len(LENGTHS) and spot["mismatched_rows"] == 0
     assert spot["checked_tensors"] == ["aux layer 1", "aux layer 3", "aux layer 4"]
-    assert spot["worst_matching_error"] == 0.0  # float32, one engine: the same values bit for bit
+    assert spot["worst_matching_error"] < 1e-5  # float32: batched with others or alone, only the summation order differs
     # SGLang returns the last extend pass of the (at most 256-token) prompt: rows of the last pass only
     expected = sum((min(n, 256) - 1) % CHUNK + 1 for n in LENGTHS)
     assert spot["checked_positions"] == expected
