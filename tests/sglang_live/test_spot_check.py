@@ -56,9 +56,9 @@ def test_a_run_with_the_spot_check_on_passes(server, tmp_path: Path) -> None:  #
     assert spot["checked_rows"] == spot["matched_rows"] == len(LENGTHS) and spot["mismatched_rows"] == 0
     assert spot["checked_tensors"] == ["aux layer 1", "aux layer 3", "aux layer 4"]
     assert spot["worst_matching_error"] < 1e-5  # float32: batched with others or alone, only the summation order differs
-    # SGLang returns the last extend pass of the (at most 256-token) prompt: rows of the last pass only
-    expected = sum((min(n, 256) - 1) % CHUNK + 1 for n in LENGTHS)
-    assert spot["checked_positions"] == expected
+    # SGLang returns the last extend pass of the (at most 256-token) prompt: at most a chunk of it; where a
+    # pass ends depends on what shares the batch's token budget, so only the bound is fixed
+    assert len(LENGTHS) <= spot["checked_positions"] <= sum(min(n, 256, CHUNK) for n in LENGTHS)
     assert spot["not_checked"] == [
         "final state (the engine does not return it)",
         "some positions (the engine returned only its last extend pass)",
