@@ -61,8 +61,8 @@ def test_a_run_with_the_spot_check_on_passes(server, tmp_path: Path) -> None:  #
     assert len(LENGTHS) <= spot["checked_positions"] <= sum(min(n, 256, CHUNK) for n in LENGTHS)
     assert spot["not_checked"] == [
         "final state (the engine does not return it)",
-        "some positions (the engine returned only its last extend pass)",
         "some positions (past spot_check_max_tokens)",
+        "some positions (the engine returned only its last extend pass)",
     ]
     assert "spot check (1 row in 1" in result.stdout + result.stderr
 
