@@ -80,7 +80,7 @@ def test_a_hook_one_layer_off_is_caught_on_the_first_checked_rows_and_stops(  # 
         dataset = write_dataset(tmp_path / "data.jsonl", LENGTHS, seed=5)
         out = tmp_path / "out"
         result = extract(faulty, dataset, out, "--spot-check-every", "4", "--spot-check-max-mismatches", "2",
-                         "--concurrency", "1")  # fmt: skip
+                         "--concurrency", "1", "--layer-ids", "1,2,3")  # fmt: skip
     finally:
         faulty.stop()
     text = result.stdout + result.stderr
