@@ -11,7 +11,8 @@
     │   ├── TransientServerError  one failure worth retrying: refused, reset, timeout, HTTP 5xx
     │   │   ├── ServerUnreachableError  no connection at all: the server is down or restarting
     │   │   └── RidInUseError     the server still holds an earlier request of this rid (HTTP 400)
-    │   └── WrongServerError      not an SGLang endpoint (401/403/404/405, HTML): never retried
+    │   ├── WrongServerError      not an SGLang endpoint (401/403/404/405, HTML): never retried
+    │   └── SpotCheckUnavailableError  --spot-check-every is on, the server returns no hidden states
     ├── DiskSpaceError            not enough free space for the estimated output
     │   └── DiskFullError         the output or dump filesystem filled up during the run
     ├── OutputError               the output directory is inconsistent (``hsextract verify``)
@@ -22,7 +23,8 @@
         └── DumpError             a hidden-state dump is missing, malformed or does not match
             ├── LayerMismatchError  the server captures other layers: every further dump would be wrong
             ├── ModelMismatchError  the dump comes from another model than the output's
-            └── StorageMismatchError the dump is stored as FP8 and the output is not, or the reverse
+            ├── StorageMismatchError the dump is stored as FP8 and the output is not, or the reverse
+            └── SpotCheckMismatchError the engine's own states of a row differ from its dump
 
 Every message says what was wrong, with the value, and what to do about it.
 
@@ -87,6 +89,12 @@ class RidInUseError(TransientServerError):
 
 class WrongServerError(ServerError):
     """The URL answers, but not as an SGLang server would (auth wall, proxy page, wrong path)."""
+
+    fatal = True
+
+
+class SpotCheckUnavailableError(ServerError):
+    """The spot check asked for the engine's own hidden states and the server returned none."""
 
     fatal = True
 
@@ -167,3 +175,13 @@ class StorageMismatchError(DumpError):
 
     fatal = True
     retryable = False
+
+
+class SpotCheckMismatchError(DumpError):
+    """The engine's own hidden states of a spot-checked row differ from what its dump holds. The row is
+    not written (a rerun redoes it); after ``spot_check_max_mismatches`` of them the run stops."""
+
+    retryable = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorReason.SPOT_CHECK_MISMATCH, message)

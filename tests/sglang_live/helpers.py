@@ -95,12 +95,17 @@ class LiveServer:
     def log_path(self) -> Path:
         return self.workdir / f"server-{self.starts}.log"
 
+    def command(self) -> list[str]:
+        """What starts the server: the launcher on its config."""
+        return [HSEXTRACT, "launch-sglang", "--config", str(self.config_path)]
+
     def start(self, timeout: float = START_TIMEOUT_S) -> None:
         self.starts += 1
         started = time.monotonic()
+        command = self.command()
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [HSEXTRACT, "launch-sglang", "--config", str(self.config_path)],
+                command,
                 stdout=log, stderr=subprocess.STDOUT, env=server_env(self.stub_log), start_new_session=True,
             )  # fmt: skip
         deadline = started + timeout

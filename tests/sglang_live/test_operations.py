@@ -66,6 +66,7 @@ def test_the_flags_the_launcher_renders_are_in_force_on_the_live_server(server: 
         "chunked_prefill_size": CHUNK,
         "disable_prefill_cuda_graph": True,
         "enable_return_aux_hidden_states": True,
+        "enable_return_hidden_states": True,  # the extractor's spot check
         "aux_hidden_state_capture": "eagle3",
         "return_aux_hidden_state_layer_ids": DEFAULT_AUX,
         "forward_hooks": hooks,

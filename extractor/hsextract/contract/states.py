@@ -78,6 +78,7 @@ class ErrorReason(_StrEnum):
     MISSING_FINAL_PRENORM = "missing_final_prenorm"
     DTYPE_MISMATCH = "dtype_mismatch"
     NON_FINITE = "non_finite"
+    SPOT_CHECK_MISMATCH = "spot_check_mismatch"  # the engine's own states of the row differ from its dump
     # the whole run stops on these
     LAYER_MISMATCH = "layer_mismatch"
     MODEL_MISMATCH = "model_mismatch"

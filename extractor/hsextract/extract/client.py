@@ -45,12 +45,14 @@ from hsextract.contract.generate import (
 from hsextract.contract.model_config import read_model_config
 from hsextract.contract.model_fingerprint import model_fingerprint
 from hsextract.contract.server_info import ServerInfo
+from hsextract.contract.spot_check import SpotCheckAnswer, SpotCheckRequest
 from hsextract.contract.states import ErrorReason
 from hsextract.errors import (
     BadSampleError,
     RidInUseError,
     ServerError,
     ServerUnreachableError,
+    SpotCheckUnavailableError,
     TransientServerError,
     WrongServerError,
 )
@@ -245,6 +247,31 @@ class ServerClient:
 
         future = self._http.submit(post)
         return PendingAnswer(request, future, lambda: self._http.abort(future))
+
+    def spot_check(self, request: SpotCheckRequest) -> SpotCheckAnswer:
+        """POST /generate asking for the engine's own hidden states (waits for the answer).
+        TransientServerError for a failed request; SpotCheckUnavailableError when the answer holds none."""
+        body = request.to_json()
+
+        def post(client: httpx.Client) -> httpx.Response:
+            return client.post(GENERATE_PATH, json=body)
+
+        try:
+            response = self._http.call(post)
+        except (httpx.HTTPError, RequestsCancelled) as exc:
+            raise TransientServerError(f"spot check {request.rid} failed: {type(exc).__name__}: {exc}") from exc
+        if response.status_code != 200:
+            raise TransientServerError(
+                f"spot check {request.rid} answered HTTP {response.status_code}: {response.text[:300]}"
+            )
+        answer = SpotCheckAnswer.parse(json_body(response))
+        if answer is None:
+            raise SpotCheckUnavailableError(
+                f"{self.base_url}{GENERATE_PATH} answered spot check {request.rid} without meta_info.hidden_states: "
+                "start SGLang with --enable-return-hidden-states (hsextract launch-sglang does; "
+                "--enable-return-aux-hidden-states implies it in 0.5.23), or run with --spot-check-every 0"
+            )
+        return answer
 
     def _classify(self, request: GenerateRequest, response: httpx.Response) -> GenerateAnswer:
         rid = request.rid

@@ -122,6 +122,24 @@ class ExtractConfig(StrictConfig):
     max_consecutive_failures: int = Field(
         8, gt=0, description="stop the run after this many samples in a row failed after all their tries"
     )
+    spot_check_every: int = Field(
+        defaults.SPOT_CHECK_EVERY,
+        ge=0,
+        description="every Nth row sent is asked once more with the engine's own hidden states returned (SGLang's "
+        "return_hidden_states; no dump) and compared with its dump (docs/spot-check.md); 0: off",
+    )
+    spot_check_max_tokens: int = Field(
+        256, gt=0, description="a spot check sends at most this many of the row's first tokens (the answer is JSON)"
+    )
+    spot_check_max_mismatches: int = Field(
+        3, gt=0, description="stop the run after this many spot-checked rows differed from their dumps"
+    )
+    spot_check_tolerance: float | None = Field(
+        None,
+        gt=0,
+        description="allowed difference beyond the stored dtype's rounding, relative to a position's largest value "
+        "(default: by the model's dtype, float32 1e-4, float16 5e-3, bfloat16 2e-2)",
+    )
     disk_headroom: float = Field(1.05, ge=1.0, description="required free disk = estimated output bytes x this")
     expect_model: str | None = Field(None, description="refuse to run unless the server's model path ends with this string")
     log_interval_s: float = Field(30.0, gt=0, description="seconds between progress log lines when not on a terminal")

@@ -101,6 +101,8 @@ class DataConfig(_Record):
     created_unix: float | None = None
     #: an FP8 output only: how it was quantized and the trainer flags that read it (OutputFormat.quantization)
     quantization: dict[str, Any] | None = None
+    #: this run's checks of rows against the engine's own hidden states (extract.spot_check.SpotCheckCounts)
+    spot_checks: dict[str, Any] | None = None
     # -- a merged output only (hsextract merge) ---------------------------------------------------------
     merged_at: str | None = None
     merged_from: list[dict[str, Any]] | None = None

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hsextract.contract.atomic import is_disk_full
 from hsextract.contract.states import ErrorKind, ErrorReason, RunStatus
-from hsextract.errors import BadSampleError, DiskFullError, HsextractError, ServerError
+from hsextract.errors import BadSampleError, DiskFullError, HsextractError, ServerError, SpotCheckMismatchError
 from hsextract.extract.checksum import WrittenFile
 from hsextract.extract.dataset import Sample
 from hsextract.extract.manifest import ErrorRecord, Manifest, WrittenSample
@@ -52,6 +52,7 @@ class Ledger:
         max_attempts: int,
         max_consecutive_failures: int,
         server_url: str,
+        max_spot_check_mismatches: int = 3,
     ) -> None:
         self.manifest = manifest
         self.metrics = metrics
@@ -60,6 +61,8 @@ class Ledger:
         self._max_attempts = max_attempts
         self._max_consecutive_failures = max_consecutive_failures
         self._server_url = server_url
+        self._max_spot_check_mismatches = max_spot_check_mismatches
+        self.spot_check_mismatches = 0
         self._lock = threading.Lock()
         self._consecutive_failures = 0
         self.fatal: HsextractError | None = None
@@ -172,6 +175,30 @@ class Ledger:
                     f"{failures} samples in a row failed after {self._max_attempts} tries each; last error: {error}. "
                     f"Check the server (curl {self._server_url}/health_generate, its log) and that the dump dir is shared "
                     "with it; then rerun the same command to resume"
+                )
+            )
+
+    def spot_check_mismatch(self, row: int, row_hash: str, error: SpotCheckMismatchError) -> None:
+        """A spot-checked row whose dump differs from the engine's own states: recorded, not written
+        (a rerun redoes it); after ``max_spot_check_mismatches`` of them the run stops."""
+        log.error("row %d: %s", row, error)
+        record = ErrorRecord(row, ErrorKind.FAILED, error.reason, str(error), row_hash)
+        if not self._append(functools.partial(self.manifest.add_error, record)):
+            return
+        self.metrics.samples.labels("failed").inc()
+        self.metrics.errors.labels(error.reason).inc()
+        with self._lock:
+            self.failed_now += 1
+            self.spot_check_mismatches += 1
+            mismatches = self.spot_check_mismatches
+            self.last_settled = time.monotonic()
+        if mismatches >= self._max_spot_check_mismatches:
+            self.stop_fatal(
+                SpotCheckMismatchError(
+                    f"{mismatches} spot-checked rows differed from the engine's own hidden states (spot_check_max_mismatches "
+                    f"{self._max_spot_check_mismatches}); the last: row {row}: {error}. The dumps do not hold what the "
+                    "engine computes: check the hook's layers and final norm against the server before going on "
+                    "(docs/runbooks/spot-check-mismatch.md), then rerun the same command; the rows in errors.jsonl are redone"
                 )
             )
 

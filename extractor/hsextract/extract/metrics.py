@@ -16,8 +16,11 @@ from hsextract.ports import serve_metrics
 #: the ``status`` label values of ``hsextract_samples_total``
 SAMPLE_STATUSES = ("ok", "bad_input", "failed", "resumed")
 
-#: per-sample stages of the extractor, in order
-STAGES = ("request", "wait_dump", "verify", "pack")
+#: per-sample stages of the extractor, in order (spot_check: only the rows checked)
+STAGES = ("request", "wait_dump", "verify", "spot_check", "pack")
+
+#: the ``result`` label values of ``hsextract_spot_checks_total``
+SPOT_CHECK_RESULTS = ("match", "mismatch", "error")
 
 
 class ExtractMetrics:
@@ -53,7 +56,8 @@ class ExtractMetrics:
             "hsextract_stage_seconds",
             "Seconds per sample in each extractor stage: request (until the server answered or the dump was complete), "
             "wait_dump (after the answer, until its dump was complete; 0 when the dump came first), verify (read and "
-            "check it), pack (write the output file)",
+            "check it), spot_check (ask the engine for its own states of the row and compare them; checked rows only), "
+            "pack (write the output file)",
             ["stage"],
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
             registry=r,
@@ -93,11 +97,23 @@ class ExtractMetrics:
             "Times the server stopped taking connections mid-run and the run waited for it to come back",
             registry=r,
         )
+        self.spot_checks = Counter(
+            "hsextract_spot_checks",
+            "Rows checked against the engine's own hidden states (return_hidden_states), by result: match, mismatch "
+            "(the row is in errors.jsonl), error (the check request failed; the row went on unchecked)",
+            ["result"],
+            registry=r,
+        )
+        self.spot_check_every = Gauge(
+            "hsextract_spot_check_every", "The run checks every Nth row against the engine (0: spot check off)", registry=r
+        )
         # Every series exists from the start at 0: panels and rate() show 0, not "no data".
         for status in SAMPLE_STATUSES:
             self.samples.labels(status)
         for reason in ErrorReason:
             self.errors.labels(reason.value)
+        for result in SPOT_CHECK_RESULTS:
+            self.spot_checks.labels(result)
         for stage in STAGES:
             self.stage_seconds.labels(stage)
 

@@ -19,6 +19,7 @@ from hsextract.extract.manifest import Manifest
 from hsextract.extract.plan import Plan
 from hsextract.extract.serving_hints import SGLangServing, serving_line
 from hsextract.extract.setup import RunSetup
+from hsextract.extract.spot_check import SpotCheckCounts
 
 
 @dataclass
@@ -78,7 +79,14 @@ def storage_hint(data_config: DataConfig) -> tuple[str, ...]:
 
 
 def summarize(
-    setup: RunSetup, data_config: DataConfig, ledger: Ledger, plan: Plan, *, seconds: float, server_outages: int
+    setup: RunSetup,
+    data_config: DataConfig,
+    ledger: Ledger,
+    plan: Plan,
+    *,
+    seconds: float,
+    server_outages: int,
+    spot_checks: SpotCheckCounts | None = None,
 ) -> RunSummary:
     """The run's summary from what it wrote (``data_config``) and what its ledger counted."""
     cfg = setup.config
@@ -100,7 +108,7 @@ def summarize(
         seconds=seconds,
         fatal_error=ledger.fatal_text(),
         stop_reason=stop_reason,
-        hints=tuple(hints) + storage_hint(data_config),
+        hints=tuple(hints) + storage_hint(data_config) + (() if spot_checks is None else (spot_checks.summary_line(),)),
         late_answers=ledger.late_answers,
         longest_dump_pickup_s=ledger.longest_dump_pickup_s,
         server_outages=server_outages,
@@ -118,6 +126,7 @@ def build_data_config(
     status: RunStatus,
     stop_reason: str | None = None,
     planned_longest: int = 0,
+    spot_checks: SpotCheckCounts | None = None,
 ) -> DataConfig:
     """``data_config.json`` of the output as the manifest holds it now (``setup.identity``: the output's identity).
     ``planned_longest``: the longest sample of the dataset plan (rows not written yet included), so the trainer
@@ -191,6 +200,8 @@ def build_data_config(
         "updated_at": _now(),
         "created_unix": created_unix,
     }
+    if spot_checks is not None:
+        fields["spot_checks"] = spot_checks.to_json()
     if quantization is not None:  # an unquantized output's file keeps exactly its keys
         fields["quantization"] = quantization
     return DataConfig.model_validate(fields)

@@ -32,6 +32,7 @@ from hsextract.errors import (
     HsextractError,
     RidInUseError,
     ServerUnreachableError,
+    SpotCheckMismatchError,
     TransientServerError,
 )
 from hsextract.extract.checksum import WrittenFile
@@ -45,6 +46,7 @@ from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.open_requests import OpenRequest, OpenRequests
 from hsextract.extract.server_gate import ServerGate
 from hsextract.extract.setup import RunSetup
+from hsextract.extract.spot_check import SpotChecker
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +77,10 @@ class RowWorker:
         expectation: Callable[[Dump], DumpExpectation],
         open_requests: OpenRequests,
         gate: ServerGate,
+        spot: SpotChecker | None = None,
     ) -> None:
         self.setup = setup
+        self.spot = spot
         self.config: ExtractConfig = setup.config
         self.client = client
         self.ledger = ledger
@@ -98,11 +102,11 @@ class RowWorker:
         rid = make_rid(sample.row, len(sample.input_ids), self.config.rid_prefix)
         entry = self.open_requests.open(sample.row, rid, self.dump_dir / rid)
         try:
-            self._attempts(sample, row_hash, entry)
+            self._attempts(sample, row_hash, entry, self.spot is not None and self.spot.due())
         finally:
             self.open_requests.close(entry)
 
-    def _attempts(self, sample: Sample, row_hash: str, entry: OpenRequest) -> None:
+    def _attempts(self, sample: Sample, row_hash: str, entry: OpenRequest, spot_check: bool) -> None:
         cfg = self.config
         directory = entry.directory
         last_error: HsextractError | None = None
@@ -117,6 +121,11 @@ class RowWorker:
                 dump, pending = self._send_until_dump(sample, entry)
                 with self.metrics.stage("verify"):
                     check_dump(dump, sample.input_ids, self.expectation(dump))
+                if spot_check and self.spot is not None:
+                    spot_check = False  # once per row
+                    if not self._spot_check_passes(sample, row_hash, dump, attempt):
+                        remove_dump(directory)
+                        return
                 with self.metrics.stage("pack"):
                     written = self._write_sample(sample, dump)
             except HsextractError as exc:
@@ -154,6 +163,23 @@ class RowWorker:
         remove_dump(directory)
         if not self.stop.is_set():
             self.ledger.failed(sample.row, row_hash, last_error)
+
+    def _spot_check_passes(self, sample: Sample, row_hash: str, dump: Dump, attempt: int) -> bool:
+        """False when the engine's own states differ from the dump (the ledger has recorded the row)."""
+        assert self.spot is not None
+        comparison = self.spot.check(sample, dump, attempt)
+        if comparison is None or comparison.ok:
+            return True
+        self.ledger.spot_check_mismatch(
+            sample.row,
+            row_hash,
+            SpotCheckMismatchError(
+                f"the engine's own hidden states of row {sample.row} (return_hidden_states, its first "
+                f"{min(len(sample.input_ids), self.spot.max_tokens)} tokens) differ from its dump {dump.rid} at "
+                f"{comparison.describe()}; the row is not written"
+            ),
+        )
+        return False
 
     def _count_failure(self, exc: HsextractError) -> None:
         if isinstance(exc, TransientServerError):

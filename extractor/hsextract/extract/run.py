@@ -59,6 +59,7 @@ from hsextract.extract.row_worker import RowWorker
 from hsextract.extract.scan import DatasetScan, scan_dataset
 from hsextract.extract.server_gate import ServerGate
 from hsextract.extract.setup import RunSetup
+from hsextract.extract.spot_check import SpotChecker
 from hsextract.extract.stale_dumps import sweep_stale_dumps
 from hsextract.ports import check_metrics_port
 
@@ -97,6 +98,7 @@ class Extraction:
         self._finished = threading.Event()
         self._interrupted_by: str | None = None  # a stop asked before the ledger exists
         self.ledger: Ledger | None = None
+        self.spot: SpotChecker | None = None
 
     # -- stopping -----------------------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:
@@ -188,7 +190,9 @@ class Extraction:
             max_attempts=cfg.max_attempts,
             max_consecutive_failures=cfg.max_consecutive_failures,
             server_url=cfg.server,
+            max_spot_check_mismatches=cfg.spot_check_max_mismatches,
         )
+        spot = self.spot = SpotChecker(cfg, self.client, self.metrics, setup.aux_layer_ids)
         ledger.interrupted_by = self._interrupted_by
         planner: Planner | None = None
         try:
@@ -214,7 +218,7 @@ class Extraction:
             open_requests = OpenRequests()
             gate = self._gate = ServerGate(self.client, ledger, self.metrics, cfg.server_down_timeout_s)
             expectation = functools.partial(self._expectation, expect)
-            worker = RowWorker(setup, self.client, ledger, self.metrics, expectation, open_requests, gate)
+            worker = RowWorker(setup, self.client, ledger, self.metrics, expectation, open_requests, gate, spot)
             watchdog = StallWatchdog(open_requests, ledger, self.metrics, cfg.stall_timeout_s, down_since=gate.down_since)
             watchdog.start()
             try:
@@ -264,9 +268,11 @@ class Extraction:
                 status, stop_reason = ledger.outcome()
         if self._identity is not None:  # the first dump may have pinned the dtype since
             setup = replace(setup, identity=self._identity)
+        spot_counts = self.spot.counts if self.spot is not None else None
         data_config = build_data_config(
-            setup, manifest, plan.rows_in_shard, status, stop_reason, planned_longest=plan.longest_tokens
-        )
+            setup, manifest, plan.rows_in_shard, status, stop_reason, planned_longest=plan.longest_tokens,
+            spot_checks=spot_counts,
+        )  # fmt: skip
         try:
             write_data_config(cfg.output, data_config)
             if trainable(data_config) and data_config.trainer is not None:
@@ -275,7 +281,9 @@ class Extraction:
             log.error("could not write data_config.json or the trainer's files (%s); the next run writes them", exc)
         sweep_stale_dumps(setup.dump_dir, cfg.rid_prefix, cfg.shard_index, cfg.num_shards)
         outages = self._gate.outages if self._gate is not None else 0
-        return summarize(setup, data_config, ledger, plan, seconds=time.monotonic() - started, server_outages=outages)
+        return summarize(
+            setup, data_config, ledger, plan, seconds=time.monotonic() - started, server_outages=outages, spot_checks=spot_counts
+        )
 
     def _exact_plan(self, plan: Plan, progress: Progress) -> None:
         self.metrics.planned.set(plan.rows_in_shard)

@@ -41,6 +41,8 @@ def test_extract_settings_the_deployment_repeats_agree() -> None:
     assert extractor["hsx_extractor_stall_timeout_s"] == fields["stall_timeout_s"].default
     assert extractor["hsx_extractor_server_down_timeout_s"] == fields["server_down_timeout_s"].default
     assert extractor["hsx_extractor_format"] == example["hsx_output_format"] == fields["format"].default
+    assert extractor["hsx_extractor_spot_check_every"] == fields["spot_check_every"].default == defaults.SPOT_CHECK_EVERY
+    assert extractor["hsx_extractor_spot_check_max_mismatches"] == fields["spot_check_max_mismatches"].default
 
 
 def test_ansible_defaults_agree() -> None:

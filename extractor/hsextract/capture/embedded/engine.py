@@ -49,6 +49,7 @@ from hsextract.contract.generate import GenerateAnswer, GenerationAnswer, Genera
 from hsextract.contract.layers import capture_indices, resolve_aux_layer_ids
 from hsextract.contract.model_fingerprint import model_fingerprint
 from hsextract.contract.server_info import ServerInfo
+from hsextract.contract.spot_check import SpotCheckAnswer
 from hsextract.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ class EngineRequest:
     input_ids: list[int]
     final_prenorm: bool = False  # dump the pre-norm final state too (the request asked for it)
     storage: str | None = None  # "float8_e4m3fn": quantize on the device, dump the FP8 layout
+    spot_check: bool = False  # answer the engine's own hidden states (an unbatched forward), dump nothing
     future: Future[dict[str, Any]] = field(default_factory=Future)
     done_tokens: int = 0
     cache: Any = None
@@ -143,6 +145,7 @@ class Engine:
         self._inbox: queue.Queue[EngineRequest | None] = queue.Queue()
         self._waiting: deque[EngineRequest] = deque()
         self._chunking: deque[EngineRequest] = deque()
+        self._alone: deque[EngineRequest] = deque()  # spot checks: one unbatched forward each
         self._in_flight: deque[Any] = deque()  # end events of forwards queued on the device
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="hsextract-scheduler", daemon=True)
@@ -224,6 +227,13 @@ class Engine:
         self._inbox.put(request)
         return request.future
 
+    def spot_check(self, rid: str, input_ids: list[int]) -> Future[dict[str, Any]]:
+        """Queue one prompt for an unbatched, unchunked forward of its own; the future resolves to the
+        ``/generate`` answer holding its hidden states (:class:`SpotCheckAnswer`). Never dumped."""
+        request = EngineRequest(rid=rid, input_ids=input_ids, spot_check=True)
+        self._inbox.put(request)
+        return request.future
+
     def generate(self, requests: list[GenerationRequest]) -> list[Future[GenerationAnswer]]:
         """Queue prompts to decode from (never dumped); BadRequestError names a rid that cannot run."""
         return self.decoder.submit(requests)
@@ -240,7 +250,7 @@ class Engine:
     # -- scheduler ----------------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._drain_inbox(block=not (self._waiting or self._chunking))
+            self._drain_inbox(block=not (self._waiting or self._chunking or self._alone))
             if self._stop.is_set():
                 break
             try:
@@ -250,9 +260,16 @@ class Engine:
 
     def _drain_inbox(self, block: bool) -> None:
         drain_inbox(self._inbox, self._waiting, self._stop, block)
+        if any(r.spot_check for r in self._waiting):  # spot checks run alone, never in a batch
+            self._alone.extend(r for r in self._waiting if r.spot_check)
+            self._waiting = deque(r for r in self._waiting if not r.spot_check)
 
     def _step(self) -> None:
-        # Alternate: a long prompt's next chunk, then a batch of short prompts, so neither starves.
+        # Spot checks first, each alone; then alternate: a long prompt's next chunk, then a batch of
+        # short prompts, so neither starves.
+        while self._alone:
+            self._wait_for_room()
+            self._run_guarded([self._alone.popleft()], self._forward_alone)
         if self._chunking:
             self._wait_for_room()
             request = self._chunking.popleft()
@@ -393,6 +410,19 @@ class Engine:
             self._chunking.append(request)
         plain_ids = ids if fp8_rows is None else ids.new_empty(0)
         self._emit(_Rows([segment], plain_ids, *gathered, fp8=fp8_rows), requests if last else [], began, started)
+
+    @torch.inference_mode()
+    def _forward_alone(self, requests: list[EngineRequest]) -> None:
+        """A spot check: the whole prompt in one forward of its own (batch 1, no chunking), answered with
+        the aux states packed ``[T, K*H]`` as SGLang returns them, and the final post-norm state."""
+        (request,) = requests
+        ids = torch.tensor(request.input_ids, dtype=torch.int64).unsqueeze(0).to(self.device)
+        out = self.base(input_ids=ids, output_hidden_states=True, **{self._cache_kwarg: self._throwaway_cache()})
+        self._prenorm = None
+        states = out.hidden_states
+        aux = torch.cat([states[c][0] for c in self.capture], dim=-1).float().cpu()
+        answer = SpotCheckAnswer(request.rid, aux, states[-1][0].float().cpu())
+        request.future.set_result(answer.to_json(len(request.input_ids)))
 
     def _throwaway_cache(self) -> Any:
         """An empty KV cache for a whole-prompt forward. Without a cache (and without a mask),

@@ -1,7 +1,8 @@
 """The HTTP front's routes as an ASGI app (Starlette): the subset of SGLang's API the extractor uses,
 served for any :class:`~hsextract.capture.front.protocol.ServedEngine`.
 
-``POST /generate`` (:class:`~hsextract.contract.generate.GenerateRequest`), ``GET /health`` and
+``POST /generate`` (:class:`~hsextract.contract.generate.GenerateRequest`; with ``return_hidden_states``
+the engine's own states, :mod:`~hsextract.capture.front.spot_check_route`), ``GET /health`` and
 ``/health_generate`` (200 only when a real forward works, 503 otherwise), ``GET /server_info``
 (also ``/get_server_info``), ``GET /get_model_info`` and ``GET /metrics`` (Prometheus: the capture
 stages, :mod:`hsextract.capture.stages`). A ``/generate`` is answered once its dump is written.
@@ -41,6 +42,7 @@ from starlette.routing import Route
 
 from hsextract.capture.front.generate_route import answer_generation
 from hsextract.capture.front.protocol import ServedEngine
+from hsextract.capture.front.spot_check_route import answer_spot_check
 from hsextract.contract.generate import (
     GENERATE_PATH,
     HEALTH_GENERATE_PATH,
@@ -54,6 +56,7 @@ from hsextract.contract.generate import (
     error_body,
     wants_decoding,
 )
+from hsextract.contract.spot_check import is_spot_check
 from hsextract.errors import BadRequestError
 
 log = logging.getLogger(__name__)
@@ -133,6 +136,8 @@ class _Routes:
             return Response(status_code=400)  # the client left in the middle of its body: nobody reads this
         try:
             body = json.loads(data or b"null")
+            if is_spot_check(body):  # the engine's own hidden states, not dumped (spot_check_route.py)
+                return await answer_spot_check(self.engine, body, self.drain, GENERATE_TIMEOUT_S)
             if wants_decoding(body):  # max_new_tokens > 0: the decode scheduler (generate_route.py)
                 return await answer_generation(self.engine, body, self.drain, self._hold, self._let_go, GENERATE_TIMEOUT_S)
             parsed = GenerateRequest.parse(body, self.engine.vocab_size)

@@ -56,6 +56,7 @@ _OWNED_FLAGS = {
     "--forward-hooks": "(set by the launcher)",
     "--return-aux-hidden-state-layer-ids": "layer_ids",
     "--enable-return-aux-hidden-states": "(set by the launcher)",
+    "--enable-return-hidden-states": "(set by the launcher)",
     "--speculative-algorithm": "(set by the launcher)",
     "--disable-radix-cache": "disable_radix_cache",
     "--mem-fraction-static": "mem_fraction_static",
@@ -245,6 +246,7 @@ def _extract_command(config: SGLangLaunchConfig) -> list[str]:
         "--chunked-prefill-size", str(config.chunked_prefill_size),
         "--disable-prefill-cuda-graph",
         "--enable-return-aux-hidden-states",
+        "--enable-return-hidden-states",  # the extractor's spot check (docs/spot-check.md); the line above implies it in 0.5.23
         "--speculative-algorithm", "EAGLE3",
         "--return-aux-hidden-state-layer-ids", *map(str, ids_arg),
         "--forward-hooks", json.dumps(hook_specs(config, aux), separators=(",", ":")),

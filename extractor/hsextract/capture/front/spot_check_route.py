@@ -1,0 +1,46 @@
+"""``POST /generate`` with ``return_hidden_states: true``: the engine's own hidden states of one prompt,
+answered in ``meta_info.hidden_states`` as SGLang does (:mod:`hsextract.contract.spot_check`). Never
+dumped; 400 names what is wrong, 500 a failed forward, 503 a timeout or a shutdown."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Any, Protocol, runtime_checkable
+
+from starlette.responses import JSONResponse, Response
+
+from hsextract.capture.front.generate_route import Waiter
+from hsextract.contract.generate import error_body
+from hsextract.contract.spot_check import SpotCheckRequest
+from hsextract.errors import BadRequestError
+
+
+@runtime_checkable
+class SpotCheckingEngine(Protocol):
+    vocab_size: int
+
+    def spot_check(self, rid: str, input_ids: list[int]) -> Future[dict[str, Any]]: ...
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse(error_body(status, message), status_code=status)
+
+
+async def answer_spot_check(engine: object, body: Any, drain: Waiter, timeout_s: float) -> Response:
+    """The response to a ``return_hidden_states`` body."""
+    if not isinstance(engine, SpotCheckingEngine):
+        return _error(400, "this server does not return hidden states: leave return_hidden_states out")
+    try:
+        request = SpotCheckRequest.parse(body, engine.vocab_size)
+    except BadRequestError as exc:
+        return _error(400, str(exc))
+    future = engine.spot_check(request.rid, request.input_ids)
+    try:
+        answer: dict[str, Any] = await drain.wait(future, timeout_s)
+    except TimeoutError:
+        return _error(503, f"request {request.rid} timed out in the embedded server")
+    except Exception as exc:
+        if type(exc).__name__ == "ShuttingDown":
+            return _error(503, f"server shutting down: request {request.rid} was not finished; send it again")
+        return _error(500, f"forward failed for {request.rid}: {type(exc).__name__}: {exc}")
+    return JSONResponse(answer)

@@ -1,0 +1,132 @@
+"""The spot check's ``/generate`` request and answer: the engine's own hidden states of one row.
+
+SGLang's field: ``return_hidden_states: true`` on the request (the server needs
+``--enable-return-hidden-states``, which ``--enable-return-aux-hidden-states`` implies in 0.5.23:
+``arg_groups/serving_hook.py`` ``handle_return_hidden_states_mode`` sets the server's mode to
+``full``), answered in ``meta_info.hidden_states``: a list with one entry per forward that produced
+rows, the first being the prompt's ``[rows, width]``. What those rows are in SGLang 0.5.23
+(docs/spot-check.md has the source lines):
+
+* with aux capture on (every extraction server), the aux states packed ``[rows, K*H]`` in capture
+  order (``layers/logits_processor.py`` ``_get_hidden_states_to_store``: ``pack_aux_hidden_states``);
+  the final post-norm state stays in ``last_hidden_states``, which is not copied into the answer;
+* with chunked prefill, only the rows of the prompt's last extend pass: the last
+  ``((T - 1) % chunk) + 1`` positions (``managers/scheduler_components/batch_result_processor.py``:
+  a middle chunk's output is not committed, so ``_append_prefill_hidden_states`` stores nothing for it).
+
+The embedded server answers the same field with one unbatched forward of the prompt (every position,
+no chunking) and adds :data:`FINAL_STATES_KEY`: the final post-norm state ``[T, H]``, which SGLang
+does not return.
+
+The rid has no dump prefix (:data:`SPOT_CHECK_RID_PREFIX`), so no hook dumps it. ``max_new_tokens``
+is 1: SGLang's hidden states of a prompt come with its first sampled token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hsextract.errors import BadRequestError
+
+#: request key (SGLang's name)
+RETURN_HIDDEN_STATES_KEY = "return_hidden_states"
+#: ``meta_info`` key of the answer (SGLang's name)
+HIDDEN_STATES_KEY = "hidden_states"
+#: ``meta_info`` key only the embedded server sets: the final post-norm state of every position
+FINAL_STATES_KEY = "hsextract_final_hidden_states"
+#: rids of spot checks: never the dump prefix (``contract.rids``: ``<prefix>-<row>-n<T>``)
+SPOT_CHECK_RID_PREFIX = "hsxspot"
+
+
+def spot_check_rid(row: int, num_tokens: int, attempt: int = 0) -> str:
+    """``hsxspot_<row>_n<T>_<attempt>``: underscores, so it never parses as a dump rid of any prefix."""
+    return f"{SPOT_CHECK_RID_PREFIX}_{row:09d}_n{num_tokens}_{attempt}"
+
+
+def is_spot_check(body: Any) -> bool:
+    """Whether a ``/generate`` body asks for the engine's own hidden states."""
+    return isinstance(body, dict) and body.get(RETURN_HIDDEN_STATES_KEY) is True
+
+
+@dataclass(frozen=True)
+class SpotCheckRequest:
+    """One prompt whose hidden states the engine returns in its answer (never dumped)."""
+
+    rid: str
+    input_ids: list[int]
+
+    @classmethod
+    def parse(cls, body: Any, vocab_size: int) -> SpotCheckRequest:
+        """The request a server accepts, or :class:`BadRequestError` naming what is wrong (HTTP 400)."""
+        from hsextract.contract.generate import GenerateRequest
+
+        if not isinstance(body, dict):
+            raise BadRequestError("not_an_object", "request body must be a JSON object")
+        plain = GenerateRequest.parse({"input_ids": body.get("input_ids"), "rid": body.get("rid")}, vocab_size)
+        return cls(plain.rid, plain.input_ids)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "input_ids": self.input_ids,
+            "rid": self.rid,
+            RETURN_HIDDEN_STATES_KEY: True,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+        }
+
+
+@dataclass(frozen=True)
+class SpotCheckAnswer:
+    """The engine's states of the prompt's last ``rows`` positions.
+
+    ``hidden`` ``[rows, width]`` float32: SGLang's packed aux states (``width == K*H``), or the final
+    state alone (``width == H``) from a server without aux capture. ``final`` ``[rows, H]``: only from
+    the embedded server."""
+
+    rid: str | None
+    hidden: torch.Tensor
+    final: torch.Tensor | None = None
+
+    @property
+    def rows(self) -> int:
+        return int(self.hidden.shape[0])
+
+    def to_json(self, prompt_tokens: int) -> dict[str, Any]:
+        """The answer as SGLang shapes it (the embedded server's)."""
+        meta: dict[str, Any] = {
+            "id": self.rid,
+            "finish_reason": {"type": "length", "length": 1},
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": 1,
+            "cached_tokens": 0,
+            HIDDEN_STATES_KEY: [self.hidden.tolist()],
+        }
+        if self.final is not None:
+            meta[FINAL_STATES_KEY] = self.final.tolist()
+        return {"output_ids": [0], "meta_info": meta}
+
+    @classmethod
+    def parse(cls, body: Any) -> SpotCheckAnswer | None:
+        """The states in an answer body; None when it holds none (a server without the feature)."""
+        if isinstance(body, list) and body:
+            body = body[0]
+        meta = body.get("meta_info") if isinstance(body, dict) else None
+        if not isinstance(meta, dict):
+            return None
+        passes = meta.get(HIDDEN_STATES_KEY)
+        if not isinstance(passes, list) or not passes or not isinstance(passes[0], list) or not passes[0]:
+            return None
+        try:
+            hidden = torch.tensor(passes[0], dtype=torch.float32)
+            final_rows = meta.get(FINAL_STATES_KEY)
+            final = None if final_rows is None else torch.tensor(final_rows, dtype=torch.float32)
+        except (TypeError, ValueError):
+            return None
+        if hidden.dim() == 1:  # return_hidden_states "last": one row
+            hidden = hidden.unsqueeze(0)
+        if hidden.dim() != 2 or (final is not None and final.dim() != 2):
+            return None
+        rid = meta.get("id")
+        return cls(rid if isinstance(rid, str) else None, hidden, final)

@@ -1,0 +1,153 @@
+"""The second opinion during a run: every Nth row is asked once more of the engine, with its own
+hidden states returned, and compared with the row's dump (:mod:`hsextract.extract.spot_compare`).
+
+Which rows: the first row the run sends, then every ``spot_check_every``-th (in the order rows are
+sent), so a broken setup is caught on the first row. The check runs on the row's worker thread after
+the dump passed :func:`~hsextract.extract.dump_checks.check_dump` and before the row is written; the
+request carries a rid without the dump prefix (:func:`~hsextract.contract.spot_check.spot_check_rid`),
+so nothing is dumped for it. A request that fails is counted (``result="error"``) and the row goes
+on: a failed second opinion is not evidence against the dump. A server that returns no hidden states
+stops the run at the first check (:class:`~hsextract.errors.SpotCheckUnavailableError`).
+
+What a mismatch does is the ledger's (:meth:`~hsextract.extract.ledger.Ledger.spot_check_mismatch`):
+the row goes to ``errors.jsonl`` (reason ``spot_check_mismatch``, what differed in the message), is
+not written, and the run stops after ``spot_check_max_mismatches`` of them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from hsextract.contract.dumps import Dump
+from hsextract.contract.spot_check import SpotCheckRequest, spot_check_rid
+from hsextract.errors import SpotCheckUnavailableError, TransientServerError
+from hsextract.extract.client import ServerClient
+from hsextract.extract.config import ExtractConfig
+from hsextract.extract.dataset import Sample
+from hsextract.extract.metrics import SPOT_CHECK_RESULTS, ExtractMetrics
+from hsextract.extract.spot_compare import Comparison, compare
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SpotCheckCounts:
+    """What the spot check did in this run (``data_config.json`` ``spot_checks``)."""
+
+    every: int
+    max_tokens: int
+    checked: int = 0
+    matched: int = 0
+    mismatched: int = 0
+    errors: int = 0
+    positions: int = 0  # positions compared, over all checked rows
+    worst_matching_error: float = 0.0  # the largest error of a row that matched (the tolerance's margin)
+    checked_tensors: set[str] = field(default_factory=set)
+    unchecked: set[str] = field(default_factory=set)
+    mismatched_rows: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "every": self.every,
+            "max_tokens": self.max_tokens,
+            "checked_rows": self.checked,
+            "matched_rows": self.matched,
+            "mismatched_rows": self.mismatched,
+            "failed_requests": self.errors,
+            "checked_positions": self.positions,
+            "worst_matching_error": self.worst_matching_error,
+            "checked_tensors": sorted(self.checked_tensors),
+            "not_checked": sorted(_kinds(self.unchecked)),
+            "mismatched_row_ids": sorted(self.mismatched_rows),
+        }
+
+    def summary_line(self) -> str:
+        if not self.every:
+            return "spot check: off (--spot-check-every 0)"
+        tensors = ", ".join(sorted(self.checked_tensors)) or "nothing yet"
+        line = (
+            f"spot check (1 row in {self.every}, up to {self.max_tokens} tokens each): {self.checked} rows checked, "
+            f"{self.matched} matched, {self.mismatched} differed, {self.errors} requests failed; checked: {tensors}"
+        )
+        if self.unchecked:
+            line += "; not checked: " + "; ".join(sorted(_kinds(self.unchecked)))
+        return line
+
+
+def _kinds(unchecked: set[str]) -> set[str]:
+    """One entry per kind: "positions 0..191 (...)" of many rows is said once, without the numbers."""
+    kinds = set()
+    for text in unchecked:
+        head, _, why = text.partition(" (")
+        kinds.add(f"some positions ({why}" if head.startswith("positions ") else text)
+    return kinds
+
+
+class SpotChecker:
+    """Decides which rows are checked and checks them; one instance serves every worker thread."""
+
+    def __init__(self, config: ExtractConfig, client: ServerClient, metrics: ExtractMetrics, layer_ids: list[int]) -> None:
+        self.every = config.spot_check_every
+        self.max_tokens = config.spot_check_max_tokens
+        self.tolerance = config.spot_check_tolerance
+        self.client = client
+        self.metrics = metrics
+        self.layer_ids = list(layer_ids)
+        self.counts = SpotCheckCounts(self.every, self.max_tokens)
+        self._sent = itertools.count()
+        self._lock = threading.Lock()
+        metrics.spot_check_every.set(self.every)
+
+    def due(self) -> bool:
+        """Whether the row about to be sent is checked (the first, then every Nth)."""
+        if not self.every:
+            return False
+        with self._lock:
+            return next(self._sent) % self.every == 0
+
+    def check(self, sample: Sample, dump: Dump, attempt: int = 0) -> Comparison | None:
+        """The comparison of ``dump`` with the engine's own states of the row; None when the request failed."""
+        ids = sample.input_ids[: self.max_tokens]
+        request = SpotCheckRequest(spot_check_rid(sample.row, len(sample.input_ids), attempt), ids)
+        try:
+            with self.metrics.stage("spot_check"):
+                answer = self.client.spot_check(request)
+        except TransientServerError as exc:
+            log.warning("row %d: the spot check request failed (%s); the row goes on unchecked", sample.row, exc)
+            self._count("error")
+            return None
+        try:
+            comparison = compare(dump, answer, len(ids), self.layer_ids, self.tolerance)
+        except ValueError as exc:  # every further answer would be just as unreadable
+            raise SpotCheckUnavailableError(
+                f"the spot check of row {sample.row} cannot read the engine's answer: {exc}; run with --spot-check-every 0 "
+                "against this server"
+            ) from None
+        with self._lock:
+            counts = self.counts
+            counts.checked += 1
+            counts.positions += comparison.rows
+            counts.checked_tensors.update(c.tensor for c in comparison.checks)
+            counts.unchecked.update(comparison.unchecked)
+            if comparison.ok:
+                counts.matched += 1
+                worst = max((c.worst_error for c in comparison.checks), default=0.0)
+                counts.worst_matching_error = max(counts.worst_matching_error, worst)
+            else:
+                counts.mismatched += 1
+                counts.mismatched_rows.append(sample.row)
+        self._count("match" if comparison.ok else "mismatch")
+        if comparison.ok:
+            log.debug("row %d spot check: %s", sample.row, comparison.describe())
+        return comparison
+
+    def _count(self, result: str) -> None:
+        assert result in SPOT_CHECK_RESULTS
+        self.metrics.spot_checks.labels(result).inc()
+        if result == "error":
+            with self._lock:
+                self.counts.errors += 1
