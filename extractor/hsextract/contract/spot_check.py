@@ -25,11 +25,12 @@ is 1: SGLang's hidden states of a prompt come with its first sampled token.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from hsextract.errors import BadRequestError
+
+if TYPE_CHECKING:  # the CLI and the launcher import this module before torch is there
+    import torch
 
 #: request key (SGLang's name)
 RETURN_HIDDEN_STATES_KEY = "return_hidden_states"
@@ -118,6 +119,8 @@ class SpotCheckAnswer:
         passes = meta.get(HIDDEN_STATES_KEY)
         if not isinstance(passes, list) or not passes or not isinstance(passes[0], list) or not passes[0]:
             return None
+        import torch
+
         try:
             hidden = torch.tensor(passes[0], dtype=torch.float32)
             final_rows = meta.get(FINAL_STATES_KEY)

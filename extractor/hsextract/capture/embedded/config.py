@@ -21,9 +21,7 @@ class ServeConfig(StrictConfig):
     port: int = Field(defaults.SERVER_PORT, ge=1, le=65535, description="port to listen on")
     device: Literal["cpu", "cuda"] = Field("cpu", description="where the model runs")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="model dtype (auto: the model's)")
-    layer_ids: IntList | None = Field(
-        None, description=f"aux layers, {LAYER_IDS_HELP} (default: the {DEFAULT_AUX_LAYERS_TEXT})"
-    )
+    layer_ids: IntList | None = Field(None, description=f"aux layers, {LAYER_IDS_HELP} (default: the {DEFAULT_AUX_LAYERS_TEXT})")
     chunked_prefill_size: int = Field(
         2048, description="prompts longer than this are prefilled in chunks on the KV cache (-1: never)"
     )

@@ -40,6 +40,8 @@ from hsextract.capture.embedded.batching import padded_tokens, pick_batch
 from hsextract.capture.embedded.config import ServeConfig
 from hsextract.capture.embedded.decode import DecodeScheduler
 from hsextract.capture.embedded.inbox import drain_inbox
+from hsextract.capture.embedded.kv_batch import throwaway_cache
+from hsextract.capture.embedded.unbatched import answer_alone, move_spot_checks
 from hsextract.capture.pinned import HostCopier
 from hsextract.capture.stages import StageClock
 from hsextract.contract.dump_dir import prepare_dump_root
@@ -49,7 +51,6 @@ from hsextract.contract.generate import GenerateAnswer, GenerationAnswer, Genera
 from hsextract.contract.layers import capture_indices, resolve_aux_layer_ids
 from hsextract.contract.model_fingerprint import model_fingerprint
 from hsextract.contract.server_info import ServerInfo
-from hsextract.contract.spot_check import SpotCheckAnswer
 from hsextract.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -223,14 +224,13 @@ class Engine:
         self, rid: str, input_ids: list[int], final_prenorm: bool = False, storage: str | None = None
     ) -> Future[dict[str, Any]]:
         """Queue one prompt; the future resolves once its forward ran and its dump (if any) is written."""
-        request = EngineRequest(rid=rid, input_ids=input_ids, final_prenorm=final_prenorm, storage=storage)
-        self._inbox.put(request)
-        return request.future
+        return self._queue(EngineRequest(rid=rid, input_ids=input_ids, final_prenorm=final_prenorm, storage=storage))
 
     def spot_check(self, rid: str, input_ids: list[int]) -> Future[dict[str, Any]]:
-        """Queue one prompt for an unbatched, unchunked forward of its own; the future resolves to the
-        ``/generate`` answer holding its hidden states (:class:`SpotCheckAnswer`). Never dumped."""
-        request = EngineRequest(rid=rid, input_ids=input_ids, spot_check=True)
+        """Queue one prompt for a forward of its own, never dumped (:mod:`.unbatched`)."""
+        return self._queue(EngineRequest(rid=rid, input_ids=input_ids, spot_check=True))
+
+    def _queue(self, request: EngineRequest) -> Future[Any]:
         self._inbox.put(request)
         return request.future
 
@@ -260,9 +260,7 @@ class Engine:
 
     def _drain_inbox(self, block: bool) -> None:
         drain_inbox(self._inbox, self._waiting, self._stop, block)
-        if any(r.spot_check for r in self._waiting):  # spot checks run alone, never in a batch
-            self._alone.extend(r for r in self._waiting if r.spot_check)
-            self._waiting = deque(r for r in self._waiting if not r.spot_check)
+        self._waiting = move_spot_checks(self._waiting, self._alone)
 
     def _step(self) -> None:
         # Spot checks first, each alone; then alternate: a long prompt's next chunk, then a batch of
@@ -328,7 +326,7 @@ class Engine:
         out = self.base(
             input_ids=ids.to(self.device, non_blocking=True),
             output_hidden_states=True,
-            **{self._cache_kwarg: self._throwaway_cache()},
+            **{self._cache_kwarg: throwaway_cache(self.config)},
         )
         self.clock.observe("launch", time.perf_counter() - began)
         states, prenorm = out.hidden_states, self._prenorm
@@ -411,26 +409,11 @@ class Engine:
         plain_ids = ids if fp8_rows is None else ids.new_empty(0)
         self._emit(_Rows([segment], plain_ids, *gathered, fp8=fp8_rows), requests if last else [], began, started)
 
-    @torch.inference_mode()
     def _forward_alone(self, requests: list[EngineRequest]) -> None:
-        """A spot check: the whole prompt in one forward of its own (batch 1, no chunking), answered with
-        the aux states packed ``[T, K*H]`` as SGLang returns them, and the final post-norm state."""
         (request,) = requests
-        ids = torch.tensor(request.input_ids, dtype=torch.int64).unsqueeze(0).to(self.device)
-        out = self.base(input_ids=ids, output_hidden_states=True, **{self._cache_kwarg: self._throwaway_cache()})
         self._prenorm = None
-        states = out.hidden_states
-        aux = torch.cat([states[c][0] for c in self.capture], dim=-1).float().cpu()
-        answer = SpotCheckAnswer(request.rid, aux, states[-1][0].float().cpu())
-        request.future.set_result(answer.to_json(len(request.input_ids)))
-
-    def _throwaway_cache(self) -> Any:
-        """An empty KV cache for a whole-prompt forward. Without a cache (and without a mask),
-        transformers checks the position ids for packed sequences and reads the answer back from
-        the device: a synchronization in every forward, which would stall the queue of forwards."""
-        import transformers
-
-        return transformers.DynamicCache(config=self.config)
+        cache = {self._cache_kwarg: throwaway_cache(self.config)}
+        request.future.set_result(answer_alone(self.base, request, self.device, self.capture, cache))
 
     def _gather(
         self, rows: Callable[[torch.Tensor], torch.Tensor], states: Sequence[torch.Tensor], prenorm: Any, with_prenorm: bool

@@ -23,6 +23,15 @@ import torch
 from hsextract.errors import ConfigError
 
 
+def throwaway_cache(config: Any) -> Any:
+    """An empty KV cache for a whole-prompt forward. Without a cache (and without a mask),
+    transformers checks the position ids for packed sequences and reads the answer back from
+    the device: a synchronization in every forward, which would stall the queue of forwards."""
+    import transformers
+
+    return transformers.DynamicCache(config=config)
+
+
 def check_layers(cache: Any) -> None:
     """Refuse a cache whose layers are not plain growing layers (sliding-window, quantized, linear attention)."""
     from transformers.cache_utils import DynamicLayer

@@ -1,0 +1,34 @@
+"""The embedded engine's answer to a spot check: the row alone, in one forward (batch 1, no chunking).
+
+What SGLang's ``return_hidden_states`` gives with aux capture on (the aux states packed ``[T, K*H]``),
+plus the final post-norm state; compared by the extractor with what the batched path dumped.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hsextract.contract.spot_check import SpotCheckAnswer
+
+if TYPE_CHECKING:
+    from hsextract.capture.embedded.engine import EngineRequest
+
+
+def move_spot_checks(waiting: deque[EngineRequest], alone: deque[EngineRequest]) -> deque[EngineRequest]:
+    """Spot checks run alone, never in a batch: they go to ``alone``; the rest is returned."""
+    if not any(r.spot_check for r in waiting):
+        return waiting
+    alone.extend(r for r in waiting if r.spot_check)
+    return deque(r for r in waiting if not r.spot_check)
+
+
+@torch.inference_mode()
+def answer_alone(base: Any, request: EngineRequest, device: torch.device, capture: list[int], cache: Any) -> dict[str, Any]:
+    """The ``/generate`` answer of a spot check: the states of one unbatched forward of the row."""
+    ids = torch.tensor(request.input_ids, dtype=torch.int64).unsqueeze(0).to(device)
+    states = base(input_ids=ids, output_hidden_states=True, **cache).hidden_states
+    aux = torch.cat([states[c][0] for c in capture], dim=-1).float().cpu()
+    return SpotCheckAnswer(request.rid, aux, states[-1][0].float().cpu()).to_json(len(request.input_ids))
