@@ -15,7 +15,8 @@ from hsextract.extract.outcome import RunSummary
 from hsextract.extract.run import Extraction
 
 #: data_config.json fields that legitimately differ between two runs producing the same data
-VOLATILE_FIELDS = ("created_at", "updated_at", "created_unix", "extractor_version")
+#: what differs between an uninterrupted run and a resumed one by design: times, and the last run's spot checks
+VOLATILE_FIELDS = ("created_at", "updated_at", "created_unix", "extractor_version", "spot_checks")
 
 
 def free_port() -> int:
