@@ -44,7 +44,8 @@ def test_cpu_smoke_merges_two_shards_into_a_verified_output(tmp_path: Path) -> N
         assert single["extractors"] == 1 and single["extractor"][0]["shard"] == [0, 2]  # GPU 0's share
         for extractor in fleet["extractor"] + single["extractor"]:
             # stage seconds scraped from the finished extractor: every written sample went through each stage
-            assert set(extractor["stage_seconds_sum"]) == {"request", "wait_dump", "verify", "pack"}
+            # (and the spot check of the shard's first row)
+            assert set(extractor["stage_seconds_sum"]) == {"request", "wait_dump", "verify", "pack", "spot_check"}
             assert extractor["stage_counts"]["pack"] == extractor["samples"]
             assert extractor["tokens_counted"] == extractor["tokens"]
         assert len(fleet["server"]) == 2 and all(s["dumps"] for s in fleet["server"])

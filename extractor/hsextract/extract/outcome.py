@@ -61,7 +61,7 @@ def summary_lines(serving: SGLangServing, data_config: DataConfig, output: Path)
     else:
         lines.append(
             f"no train command: the output is {data_config.status or 'unfinished'} with {data_config.total_samples} "
-            "samples; train once a run ends COMPLETE"
+            "samples; train once a run has completed"
         )
     return lines
 
