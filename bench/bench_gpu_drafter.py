@@ -340,9 +340,12 @@ def train_all(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 
 def has_checkpoint(name: str, work: Path) -> bool:
+    """Whether a trainer stopped at the deadline left a checkpoint to measure."""
+    save_dir = work / f"draft-{name}"
+    if not name.startswith("speculators"):
+        return any(save_dir.glob("*-step*/training_state.pt"))  # SpecForge's <run_id>-step<N>/
     try:
-        load_path = drafter_speculators.last_checkpoint if name.startswith("speculators") else None
-        return bool(load_path(work / f"draft-{name}")) if load_path else any((work / f"draft-{name}").glob("*-step*"))
+        return drafter_speculators.last_checkpoint(save_dir).is_dir()
     except FileNotFoundError:
         return False
 
