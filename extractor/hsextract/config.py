@@ -27,6 +27,13 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Val
 from hsextract.contract.rids import check_prefix
 from hsextract.errors import ConfigError
 
+#: keys a release removed, and what replaced them: said instead of "unknown key"
+RETIRED_KEYS = {
+    "spot_check_tolerance": "the spot check no longer compares elements against a fixed tolerance; it judges each "
+    "tensor against the engine's distance to its nearest alternative (spot_check_margin, --spot-check-margin; "
+    "docs/spot-check.md): remove the key",
+}
+
 
 class StrictConfig(BaseModel):
     """A command's options: unknown keys refused, frozen once validated."""
@@ -164,6 +171,9 @@ def load_config(model: type[StrictConfig], args: argparse.Namespace) -> Any:
             elif error["type"] == "extra_forbidden":
                 # a key no flag has: name the key and where it came from, and the nearest real key
                 origin = config_path if config_path is not None else "the configuration"
+                if where in RETIRED_KEYS:
+                    problems.append(f"{where!r} in {origin} is no longer an option: {RETIRED_KEYS[where]}")
+                    continue
                 close = difflib.get_close_matches(where, list(model.model_fields), n=1)
                 hint = f"; did you mean {close[0]}?" if close else f"; valid keys: {', '.join(model.model_fields)}"
                 problems.append(f"unknown key {where!r} in {origin}{hint}")

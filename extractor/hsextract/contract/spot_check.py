@@ -16,7 +16,9 @@ rows, the first being the prompt's ``[rows, width]``. What those rows are in SGL
 
 The embedded server answers the same field with one unbatched forward of the prompt (every position,
 no chunking) and adds :data:`FINAL_STATES_KEY`: the final post-norm state ``[T, H]``, which SGLang
-does not return.
+does not return, and :data:`PRENORM_STATES_KEY`: the same state before the final norm, the alternative
+a dump path on the wrong side of the norm would hold (the comparison measures the post-norm state's
+distance from it).
 
 The rid has no dump prefix (:data:`SPOT_CHECK_RID_PREFIX`), so no hook dumps it. ``max_new_tokens``
 is 1: SGLang's hidden states of a prompt come with its first sampled token.
@@ -38,6 +40,8 @@ RETURN_HIDDEN_STATES_KEY = "return_hidden_states"
 HIDDEN_STATES_KEY = "hidden_states"
 #: ``meta_info`` key only the embedded server sets: the final post-norm state of every position
 FINAL_STATES_KEY = "hsextract_final_hidden_states"
+#: ``meta_info`` key only the embedded server sets: the last layer's output before the final norm
+PRENORM_STATES_KEY = "hsextract_final_prenorm_hidden_states"
 #: rids of spot checks: never the dump prefix (``contract.rids``: ``<prefix>-<row>-n<T>``)
 SPOT_CHECK_RID_PREFIX = "hsxspot"
 
@@ -83,12 +87,13 @@ class SpotCheckAnswer:
     """The engine's states of the prompt's last ``rows`` positions.
 
     ``hidden`` ``[rows, width]`` float32: SGLang's packed aux states (``width == K*H``), or the final
-    state alone (``width == H``) from a server without aux capture. ``final`` ``[rows, H]``: only from
-    the embedded server."""
+    state alone (``width == H``) from a server without aux capture. ``final`` and ``prenorm`` ``[rows, H]``
+    (the final state after and before the final norm): only from the embedded server."""
 
     rid: str | None
     hidden: torch.Tensor
     final: torch.Tensor | None = None
+    prenorm: torch.Tensor | None = None
 
     @property
     def rows(self) -> int:
@@ -106,6 +111,8 @@ class SpotCheckAnswer:
         }
         if self.final is not None:
             meta[FINAL_STATES_KEY] = self.final.tolist()
+        if self.prenorm is not None:
+            meta[PRENORM_STATES_KEY] = self.prenorm.tolist()
         return {"output_ids": [0], "meta_info": meta}
 
     @classmethod
@@ -123,13 +130,18 @@ class SpotCheckAnswer:
 
         try:
             hidden = torch.tensor(passes[0], dtype=torch.float32)
-            final_rows = meta.get(FINAL_STATES_KEY)
-            final = None if final_rows is None else torch.tensor(final_rows, dtype=torch.float32)
+            final, prenorm = (_rows(meta.get(key)) for key in (FINAL_STATES_KEY, PRENORM_STATES_KEY))
         except (TypeError, ValueError):
             return None
         if hidden.dim() == 1:  # return_hidden_states "last": one row
             hidden = hidden.unsqueeze(0)
-        if hidden.dim() != 2 or (final is not None and final.dim() != 2):
+        if hidden.dim() != 2 or any(t is not None and t.dim() != 2 for t in (final, prenorm)):
             return None
         rid = meta.get("id")
-        return cls(rid if isinstance(rid, str) else None, hidden, final)
+        return cls(rid if isinstance(rid, str) else None, hidden, final, prenorm)
+
+
+def _rows(value: Any) -> torch.Tensor | None:
+    import torch
+
+    return None if value is None else torch.tensor(value, dtype=torch.float32)

@@ -134,11 +134,12 @@ class ExtractConfig(StrictConfig):
     spot_check_max_mismatches: int = Field(
         3, gt=0, description="stop the run after this many spot-checked rows differed from their dumps"
     )
-    spot_check_tolerance: float | None = Field(
-        None,
-        gt=0,
-        description="allowed difference beyond the stored dtype's rounding, relative to a position's largest value "
-        "(default: by the model's dtype, float32 1e-4, float16 5e-3, bfloat16 2e-2)",
+    spot_check_margin: float = Field(
+        2.0,
+        gt=1.0,
+        description="a spot-checked tensor matches when the dump is this many times closer to the engine's state than "
+        "that state is to its nearest alternative (another captured layer, the same layer a token off); norm-wise, "
+        "median over the checked positions (docs/spot-check.md)",
     )
     disk_headroom: float = Field(1.05, ge=1.0, description="required free disk = estimated output bytes x this")
     expect_model: str | None = Field(None, description="refuse to run unless the server's model path ends with this string")

@@ -165,10 +165,13 @@ class RowWorker:
             self.ledger.failed(sample.row, row_hash, last_error)
 
     def _spot_check_passes(self, sample: Sample, row_hash: str, dump: Dump, attempt: int) -> bool:
-        """False when the engine's own states differ from the dump (the ledger has recorded the row)."""
+        """False when the engine's own states differ from the dump (the ledger has recorded the row) or the run
+        stops before the check could be made (nothing recorded: the next run does the row)."""
         assert self.spot is not None
         comparison = self.spot.check(sample, dump, attempt)
-        if comparison is None or comparison.ok:
+        if comparison is None:  # the request failed (counted), or the run stops (the row is left for the next run)
+            return not self.stop.is_set()
+        if comparison.ok:
             return True
         self.ledger.spot_check_mismatch(
             sample.row,

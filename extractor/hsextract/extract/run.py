@@ -192,7 +192,7 @@ class Extraction:
             server_url=cfg.server,
             max_spot_check_mismatches=cfg.spot_check_max_mismatches,
         )
-        spot = self.spot = SpotChecker(cfg, self.client, self.metrics, setup.aux_layer_ids)
+        spot = self.spot = SpotChecker(cfg, self.client, self.metrics, setup.aux_layer_ids, self.stop)
         ledger.interrupted_by = self._interrupted_by
         planner: Planner | None = None
         try:

@@ -1,17 +1,37 @@
-"""Compare a dump with the engine's own states of the same row (:class:`SpotCheckAnswer`).
+"""Compare a dump with the engine's own states of the same row (:class:`SpotCheckAnswer`): is the dump
+the engine's tensor computed in another batch, or another tensor?
 
 The engine returned the last ``answer.rows`` positions of a prompt of ``prompt_tokens`` tokens (the
-row, or its first ``spot_check_max_tokens``), which are dump positions ``prompt_tokens - rows ..
-prompt_tokens - 1``. Each tensor the answer holds is compared there, position by position:
+row, or its first ``spot_check_max_tokens``): dump positions ``prompt_tokens - rows .. prompt_tokens - 1``.
+For each tensor the answer holds (every aux layer; the final state where the engine returns it), with
+``D_t`` the dump's and ``E_t`` the engine's vector at position ``t``, all distances norm-wise and relative
+to ``|E_t|``, each the **median over the checked positions**:
 
-    excess = |dump - engine| - rounding(|engine|)      (the stored dtype's rounding of that value)
-    error  = max(excess over the position's values) / max |engine| at that position
+    error       = median_t |D_t - E_t| / |E_t|          how far the dump is from the engine's state
+    separation  = min_A median_t |A_t - E_t| / |E_t|    how far the nearest *other* tensor is
 
-and the position mismatches when ``error > tolerance``. ``rounding`` is the storage's: 0 in float32,
-``2^-8·|x|`` in bfloat16, ``2^-11·|x|`` in float16, ``2^-4·|x| + 2^-10·scale`` in FP8 e4m3 (its 3
-mantissa bits, and half its smallest subnormal step). ``tolerance`` covers the engine computing the
-same row in another batch and other chunks (batched matmuls round differently): by default
-:data:`COMPUTE_NOISE` of the model's dtype, relative to the position's largest value.
+where the alternatives ``A`` are what a wrong dump would most likely hold and the answer itself has:
+every other tensor of the answer (the other captured layers, the final state, and from the embedded
+server the final state before the norm) at the same positions, and the same tensor one position earlier
+and one later (states shifted by a token). The dump matches
+when ``error <= separation / margin`` (:data:`DEFAULT_MARGIN`, 2): it is at least twice as close to
+the engine's state as that state is to anything else the engine computed. A dump that holds an
+alternative sits at ``error == separation`` (twice the bound); the engine's own batch-to-batch noise
+measured on the H200 sits well below half of it (bench/results-gpu-spot-check.json). No threshold is
+tuned to a model: the yardstick is the model's own geometry at that row.
+
+Why these choices, from what the H200 and the CPU showed (issue 34): the worst *element* of a position
+against a fixed bound flagged correct rows on every model of real depth (bf16 batch noise reaches 5-7 %
+of a position's largest value there) and passed a neighbouring layer on the tiny ones (about 1 %).
+Norm-wise errors average the noise out; the median over positions lets a mixture of experts route a
+few tokens to another expert (a rounding difference can flip a near-tie, and such a position
+legitimately moves by as much as a layer does) while a wrong tensor, which moves every position, is
+still caught.
+
+A tensor whose nearest alternative is within twice the ``margin`` times the storage's own rounding of
+the engine's state (FP8 stores to about 3 %) cannot be told from noise on this model at this row: it is
+not judged (``separable`` False) and the run's ``not_checked`` says so, rather than passing or failing
+silently. So is a tensor with no alternative at all (one aux layer, one position).
 """
 
 from __future__ import annotations
@@ -21,38 +41,62 @@ from dataclasses import dataclass
 import torch
 
 from hsextract.contract.dumps import Dump
+from hsextract.contract.fp8 import FP8_DTYPE
 from hsextract.contract.spot_check import SpotCheckAnswer
 
-#: the model dtype's batch-to-batch noise allowed, relative to a position's largest value
-COMPUTE_NOISE = {"float32": 1e-4, "float16": 5e-3, "bfloat16": 2e-2}
-#: relative rounding of a value stored in the dump's dtype
-UNIT_ROUNDOFF = {"float32": 0.0, "float16": 2.0**-11, "bfloat16": 2.0**-8, "float8_e4m3fn": 2.0**-4}
-#: FP8 e4m3's smallest subnormal step, in units of the token's scale: 2^-9
-FP8_SUBNORMAL_STEP = 2.0**-9
+#: a match is at least this many times closer to the engine's state than that state is to its nearest alternative
+DEFAULT_MARGIN = 2.0
+#: the engine's state stored in the dump's dtype, for the rounding floor
+_STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 @dataclass(frozen=True)
 class TensorCheck:
-    """One tensor compared at the returned positions."""
+    """One tensor compared at the returned positions (distances relative to the engine's state, medians over positions)."""
 
     tensor: str  # "aux layer 3", "final"
     positions: int
-    worst_error: float
+    error: float  # the dump's distance from the engine's state
+    worst_error: float  # the largest of one position
     worst_position: int
-    tolerance: float
-    mismatched: tuple[int, ...]  # dump positions over the tolerance
+    separation: float  # the engine's state's distance from its nearest alternative
+    nearest: str  # that alternative, in words
+    dump_closest: str  # the alternative the dump is closest to
+    dump_to_closest: float  # ... and its distance from the dump
+    rounding: float  # the storage's own rounding of the engine's state
+    margin: float
+
+    @property
+    def separable(self) -> bool:
+        """Whether noise and another tensor can be told apart here at all."""
+        return self.separation > 2 * self.margin * self.rounding and self.nearest != ""
+
+    @property
+    def bound(self) -> float:
+        return self.separation / self.margin
 
     @property
     def ok(self) -> bool:
-        return not self.mismatched
+        return not self.separable or self.error <= self.bound
+
+    @property
+    def sureness(self) -> float:
+        """How many times farther the nearest alternative is than the dump's error (inf: an exact match)."""
+        return self.separation / self.error if self.error > 0 else float("inf")
 
     def describe(self) -> str:
-        if self.ok:
-            return f"{self.tensor}: {self.positions} positions within {self.tolerance:.1e} (worst {self.worst_error:.1e})"
-        shown = ", ".join(str(p) for p in self.mismatched[:8]) + (", ..." if len(self.mismatched) > 8 else "")
+        where = f"{self.tensor}: {self.positions} positions"
+        if not self.separable:
+            return (
+                f"{where}: cannot be told from another tensor here (its nearest alternative, {self.nearest or 'none'}, is "
+                f"{self.separation:.3g} away, against the storage's rounding {self.rounding:.2g}); not judged"
+            )
+        verdict = "matches" if self.ok else "DIFFERS"
         return (
-            f"{self.tensor}: {len(self.mismatched)} of {self.positions} positions differ beyond {self.tolerance:.1e} "
-            f"(positions {shown}; worst {self.worst_error:.3g} at position {self.worst_position}, relative to its largest value)"
+            f"{where}: {verdict}: the dump is {self.error:.3g} from the engine's state (median; worst {self.worst_error:.3g} "
+            f"at position {self.worst_position}) and {self.dump_to_closest:.3g} from {self.dump_closest}; the nearest "
+            f"alternative, {self.nearest}, is {self.separation:.3g} from the engine's state, and a match is within "
+            f"{self.bound:.3g} (1/{self.margin:g} of that)"
         )
 
 
@@ -86,27 +130,59 @@ def dump_states(dump: Dump) -> tuple[torch.Tensor, torch.Tensor | None, str]:
     return aux.float(), final.float(), str(aux.dtype).removeprefix("torch.")
 
 
-def _rounding(engine: torch.Tensor, storage: str, scales: torch.Tensor | None) -> torch.Tensor:
-    rounding = engine.abs() * UNIT_ROUNDOFF.get(storage, 0.0)
-    if scales is not None:  # FP8: half the smallest subnormal step of the token's scale
-        rounding = rounding + scales.reshape(-1, *([1] * (engine.dim() - 1))) * FP8_SUBNORMAL_STEP / 2
-    return rounding
+def _relative(a: torch.Tensor, b: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
+    """``|a_t - b_t| / norms_t`` per position."""
+    distances: torch.Tensor = torch.linalg.vector_norm(a - b, dim=-1) / norms
+    return distances
 
 
-def _check(name: str, dumped: torch.Tensor, engine: torch.Tensor, first: int, storage: str, scales: torch.Tensor | None,
-           tolerance: float) -> TensorCheck:  # fmt: skip
-    """``dumped`` and ``engine`` ``[rows, H]``: one error per position."""
-    excess = ((dumped - engine).abs() - _rounding(engine, storage, scales)).clamp(min=0)
-    largest = engine.abs().amax(dim=-1).clamp(min=1e-30)
-    errors = excess.amax(dim=-1) / largest
+def _median(values: torch.Tensor) -> float:
+    return float(values.median()) if values.numel() else float("inf")
+
+
+def stored_rounding(engine: torch.Tensor, storage: str, scales: torch.Tensor | None = None) -> torch.Tensor:
+    """Per position, the relative error of storing the engine's ``[n, H]`` states in ``storage`` (FP8:
+    with the dump's per-token ``scales [n]``, shared by every slot of a token)."""
+    norms = torch.linalg.vector_norm(engine, dim=-1).clamp(min=1e-30)
+    if scales is not None:
+        scale = scales.reshape(-1, 1)
+        stored = (engine / scale).to(FP8_DTYPE).float() * scale
+    else:
+        stored = engine.to(_STORAGE_DTYPES.get(storage, torch.float32)).float()
+    return _relative(stored, engine, norms)
+
+
+def check_tensor(
+    name: str, dumped: torch.Tensor, engine: torch.Tensor, others: dict[str, torch.Tensor], first: int, storage: str,
+    scales: torch.Tensor | None = None, margin: float = DEFAULT_MARGIN,
+) -> TensorCheck:  # fmt: skip
+    """``dumped``, ``engine`` and each of ``others`` ``[n, H]`` at dump positions ``first ..``: one verdict."""
+    norms = torch.linalg.vector_norm(engine, dim=-1).clamp(min=1e-30)
+    errors = _relative(dumped, engine, norms)
     worst = int(errors.argmax())
-    bad = (errors > tolerance).nonzero().flatten().tolist()
-    return TensorCheck(name, int(errors.numel()), float(errors[worst]), first + worst, tolerance,
-                       tuple(first + int(i) for i in bad))  # fmt: skip
+    alternatives = dict(others)
+    if engine.shape[0] > 1:  # the same tensor a token off: [t] against [t - 1] and [t + 1]
+        alternatives[f"{name} one position earlier"] = torch.cat([engine[:1] * float("nan"), engine[:-1]])
+        alternatives[f"{name} one position later"] = torch.cat([engine[1:], engine[:1] * float("nan")])
+    nearest, separation, closest, to_closest = "", float("inf"), "", float("inf")
+    for label, alternative in alternatives.items():
+        distance = _relative(alternative, engine, norms)
+        keep = ~distance.isnan()
+        value = _median(distance[keep])
+        if value < separation:
+            nearest, separation = label, value
+        from_dump = _median(_relative(dumped, alternative, norms)[keep])
+        if from_dump < to_closest:
+            closest, to_closest = label, from_dump
+    rounding = _median(stored_rounding(engine, storage, scales))
+    return TensorCheck(
+        name, int(errors.numel()), _median(errors), float(errors[worst]), first + worst, separation, nearest, closest,
+        to_closest, rounding, margin,
+    )  # fmt: skip
 
 
 def compare(
-    dump: Dump, answer: SpotCheckAnswer, prompt_tokens: int, layer_ids: list[int], tolerance: float | None = None
+    dump: Dump, answer: SpotCheckAnswer, prompt_tokens: int, layer_ids: list[int], margin: float = DEFAULT_MARGIN
 ) -> Comparison:
     """The dump against the engine's answer for a prompt of the dump's first ``prompt_tokens`` tokens."""
     aux, final, storage = dump_states(dump)
@@ -115,32 +191,42 @@ def compare(
     first = prompt_tokens - rows
     if rows > prompt_tokens or first < 0:
         raise ValueError(f"the engine returned {rows} rows for a prompt of {prompt_tokens} tokens")
-    noise = tolerance if tolerance is not None else COMPUTE_NOISE.get(dump.model_dtype, COMPUTE_NOISE["bfloat16"])
-    scales = None
-    if dump.is_fp8:
-        assert dump.hidden_states_scales is not None
-        scales = dump.hidden_states_scales.float().reshape(-1)[first:prompt_tokens]
-    checks: list[TensorCheck] = []
-    unchecked: list[str] = []
     width = int(answer.hidden.shape[1])
+    engine: dict[str, torch.Tensor] = {}
+    dumped: dict[str, torch.Tensor] = {}
+    unchecked: list[str] = []
     if width == num_aux * hidden:
         engine_aux = answer.hidden.reshape(rows, num_aux, hidden)
         for k, layer in enumerate(layer_ids):
-            checks.append(_check(f"aux layer {layer}", aux[first:prompt_tokens, k], engine_aux[:, k], first, storage,
-                                 scales, noise))  # fmt: skip
+            engine[f"aux layer {layer}"] = engine_aux[:, k]
+            dumped[f"aux layer {layer}"] = aux[first:prompt_tokens, k]
+        engine_final = answer.final[-rows:] if answer.final is not None else None
     elif width == hidden and final is not None:  # a server without aux capture returns the final state
-        checks.append(_check("final", final[first:prompt_tokens], answer.hidden, first, storage, scales, noise))
+        engine_final = answer.hidden
         unchecked.append("aux layers (the engine returned the final state only)")
     else:
         raise ValueError(
             f"the engine returned states {width} wide; the dump holds {num_aux} aux layers of {hidden} "
             f"(expected {num_aux * hidden}, or {hidden} for the final state)"
         )
-    if answer.final is not None and final is not None and width != hidden:
-        checks.append(_check("final", final[first:prompt_tokens], answer.final[-rows:], first, storage, scales, noise))
-    elif width != hidden:
+    if engine_final is not None and final is not None:
+        engine["final"] = engine_final
+        dumped["final"] = final[first:prompt_tokens]
+    else:
         why = "an FP8 dump whose final slot is pre-norm" if final is None else "the engine does not return it"
         unchecked.append(f"final state ({why})")
+    scales = None
+    if dump.hidden_states_scales is not None:  # FP8: one scale per token
+        scales = dump.hidden_states_scales.float().reshape(-1)[first:prompt_tokens]
+    if "final" in engine and answer.prenorm is not None:  # the embedded server's: the final state before the norm
+        engine["final before the norm"] = answer.prenorm[-rows:]
+    checks = []
+    for name, state in engine.items():
+        if name not in dumped:  # an alternative only
+            continue
+        others = {other: value for other, value in engine.items() if other != name}
+        checks.append(check_tensor(name, dumped[name], state, others, first, storage, scales, margin))
+    unchecked.extend(f"{c.tensor} (cannot be told from another tensor on this model)" for c in checks if not c.separable)
     if first > 0:
         unchecked.append(f"positions 0..{first - 1} (the engine returned only its last extend pass)")
     if prompt_tokens < int(aux.shape[0]):

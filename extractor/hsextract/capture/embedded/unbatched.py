@@ -1,7 +1,8 @@
 """The embedded engine's answer to a spot check: the row alone, in one forward (batch 1, no chunking).
 
 What SGLang's ``return_hidden_states`` gives with aux capture on (the aux states packed ``[T, K*H]``),
-plus the final post-norm state; compared by the extractor with what the batched path dumped.
+plus the final state after and before the final norm; compared by the extractor with what the batched
+path dumped.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ def move_spot_checks(waiting: deque[EngineRequest], alone: deque[EngineRequest])
 def answer_alone(base: Any, request: EngineRequest, device: torch.device, capture: list[int], cache: Any) -> dict[str, Any]:
     """The ``/generate`` answer of a spot check: the states of one unbatched forward of the row."""
     ids = torch.tensor(request.input_ids, dtype=torch.int64).unsqueeze(0).to(device)
-    states = base(input_ids=ids, output_hidden_states=True, **cache).hidden_states
+    prenorm: list[torch.Tensor] = []
+    grab = base.norm.register_forward_hook(lambda module, args, output: prenorm.append(args[0]))
+    try:
+        states = base(input_ids=ids, output_hidden_states=True, **cache).hidden_states
+    finally:
+        grab.remove()
     aux = torch.cat([states[c][0] for c in capture], dim=-1).float().cpu()
-    return SpotCheckAnswer(request.rid, aux, states[-1][0].float().cpu()).to_json(len(request.input_ids))
+    final, before = states[-1][0].float().cpu(), prenorm[-1][0].float().cpu()
+    return SpotCheckAnswer(request.rid, aux, final, before).to_json(len(request.input_ids))
