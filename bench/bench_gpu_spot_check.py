@@ -11,11 +11,11 @@ Per model (``--models``; nothing downloaded, random bf16 weights made on the GPU
 For each: ``hsextract serve --device cuda`` (a subprocess, as a user runs it) and ``--rows`` rows of
 log-normal lengths at the CLI's concurrency, ``--repeats`` times each, interleaved: the spot check off,
 at the CLI's default (the first row and 1 in 200) in bfloat16, and at the default in FP8 (speculators);
-then every row checked (``--every-row-rows`` rows, the first ``--every-row-max-tokens`` tokens of each)
-in bfloat16 and FP8. A clean run must end ``complete`` with no row differing (a false alarm stops a
-default run). Then the same model in this process as :class:`~hsextract.dev.faulty_engines.FaultyEngine`,
-one dump-path fault at a time, with the CLI's defaults and ``spot_check_max_mismatches 1``: each fault
-must stop the run at the first checked row. Recorded: per run the status, rate and ``spot_checks``
+then (after the faults) every row checked (``--every-row-rows`` rows) in bfloat16 and FP8. A clean run
+must end ``complete`` with no row differing (a false alarm stops a default run). The faults: the same
+model in this process as :class:`~hsextract.dev.faulty_engines.FaultyEngine`, one dump-path fault at a
+time, with the CLI's defaults and ``spot_check_max_mismatches 1``: each fault must stop the run at the
+first checked row. Recorded: per run the status, rate and ``spot_checks``
 (per tensor: the worst error of a matching dump, the smallest distance to an alternative); per model the
 false alarms, the faults caught, and the default's cost (``default_vs_off_rate_ratio``: median rate with
 the default check over the median with it off; target >= 0.98).
@@ -34,7 +34,6 @@ import math
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -184,9 +183,8 @@ class Clock:
 
 
 # -- the phases -------------------------------------------------------------------------------------------------
-def clean_runs(url: str, data: Path, every_data: Path, work: Path, args: argparse.Namespace, clock: Clock,
-               results: dict[str, Any], save: Any) -> None:  # fmt: skip
-    runs: list[dict[str, Any]] = results.setdefault("runs", [])
+def default_plan(data: Path, args: argparse.Namespace) -> list[tuple[str, Path, dict[str, Any]]]:
+    """Off, the default in bf16, the default in FP8: interleaved, ``--repeats`` times."""
     plan: list[tuple[str, Path, dict[str, Any]]] = []
     for _ in range(args.repeats):
         plan += [
@@ -194,8 +192,17 @@ def clean_runs(url: str, data: Path, every_data: Path, work: Path, args: argpars
             ("default_bf16", data, {**BF16}),
             ("default_fp8", data, {**FP8}),
         ]
+    return plan
+
+
+def every_row_plan(data: Path, args: argparse.Namespace) -> list[tuple[str, Path, dict[str, Any]]]:
     every = {"spot_check_every": 1, "spot_check_max_tokens": args.every_row_max_tokens}
-    plan += [("every_row_bf16", every_data, {**BF16, **every}), ("every_row_fp8", every_data, {**FP8, **every})]
+    return [("every_row_bf16", data, {**BF16, **every}), ("every_row_fp8", data, {**FP8, **every})]
+
+
+def clean_runs(url: str, plan: list[tuple[str, Path, dict[str, Any]]], work: Path, args: argparse.Namespace,
+               clock: Clock, results: dict[str, Any], save: Any) -> None:  # fmt: skip
+    runs: list[dict[str, Any]] = results.setdefault("runs", [])
     estimate = 60.0
     for name, dataset, settings in plan:
         if not clock.allows(estimate * 1.3, f"run {name}"):
@@ -248,7 +255,10 @@ def headline(results: dict[str, Any]) -> dict[str, Any]:
     runs = results.get("runs", [])
     clean = [r for r in runs if r["name"] != "off"]
     false_alarms = sum((r["spot_checks"] or {}).get("mismatched_rows", 0) for r in clean)
-    rate = {n: [r["samples_per_s"] for r in runs if r["name"] == n and r["status"] == "complete"] for n in ("off", "default_bf16")}
+    rate = {
+        name: [r["samples_per_s"] for r in runs if r["name"] == name and r["status"] == "complete"]
+        for name in ("off", "default_bf16")
+    }
     ratio = statistics.median(rate["default_bf16"]) / statistics.median(rate["off"]) if all(rate.values()) else None
     tensors: dict[str, dict[str, Any]] = {}
     for run in clean:
@@ -290,8 +300,8 @@ def parse_args() -> argparse.Namespace:
     add("--median", type=int, default=200, help="median row length")
     add("--longest", type=int, default=1024)
     add("--repeats", type=int, default=3, help="runs of each clean setting")
-    add("--every-row-rows", type=int, default=300, help="rows of the every-row-checked runs")
-    add("--every-row-max-tokens", type=int, default=32, help="spot_check_max_tokens of those runs (the answer is JSON)")
+    add("--every-row-rows", type=int, default=600, help="rows of the every-row-checked runs")
+    add("--every-row-max-tokens", type=int, default=defaults.SPOT_CHECK_MAX_TOKENS, help="their spot_check_max_tokens")
     add("--concurrency", type=int, default=ExtractConfig.model_fields["concurrency"].default)
     add("--max-batch-tokens", type=int, default=16384)
     add("--chunked-prefill-size", type=int, default=2048)
@@ -334,9 +344,13 @@ def main() -> int:
     clock = Clock(args.deadline_s)
     data: dict[str, Any] = json.loads(args.out.read_text()) if args.append and args.out.exists() else {}
     data.setdefault("models", {})
-    data.update(measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), spot_check_default_every=defaults.SPOT_CHECK_EVERY)
+    data.update(
+        measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        spot_check_defaults={"every": defaults.SPOT_CHECK_EVERY, "max_tokens": defaults.SPOT_CHECK_MAX_TOKENS},
+    )
     args.work.mkdir(parents=True, exist_ok=True)
-    data.setdefault("hardware", {})[args.device] = e2e.hardware(argparse.Namespace(disk_dir=args.work, tmpfs_dir=Path("/dev/shm")))
+    scratch = argparse.Namespace(disk_dir=args.work, tmpfs_dir=Path("/dev/shm"))
+    data.setdefault("hardware", {})[args.device] = e2e.hardware(scratch)
 
     def save() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -358,10 +372,11 @@ def main() -> int:
         server, url = e2e.start_server(model_dir, Path("/dev/shm") / f"hsx-bench-spot-{name}", _serve_args(args), log_path)
         try:
             results["server_ready_s"] = e2e.wait_healthy(url, server, log_path)
-            clean_runs(url, work / "data.jsonl", work / "every.jsonl", work, args, clock, results, save)
+            clean_runs(url, default_plan(work / "data.jsonl", args), work, args, clock, results, save)
+            fault_runs(model_dir, work, work / "faults.jsonl", args, clock, results, save)
+            clean_runs(url, every_row_plan(work / "every.jsonl", args), work, args, clock, results, save)
         finally:
             e2e.stop_server(server)
-        fault_runs(model_dir, work, work / "faults.jsonl", args, clock, results, save)
         results["headline"] = headline(results)
         save()
         log.info("%s: %s", name, json.dumps(results["headline"], indent=1))

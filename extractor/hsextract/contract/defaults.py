@@ -16,3 +16,6 @@ ML_ENV_PYTHON = "/opt/ml-env/bin/python"
 #: the extractor checks every Nth row against the engine's own hidden states (docs/spot-check.md: the
 #: measured cost of this default, `make bench`, stays under 2 % of the run); 0 turns it off
 SPOT_CHECK_EVERY = 200
+#: and sent with at most this many of the row's first tokens: the answer is JSON (for an 8B-shaped model 64 tokens
+#: are 14 MB of it; 256 made the default check cost about half an H200 run's rate before the answer moved to orjson)
+SPOT_CHECK_MAX_TOKENS = 64

@@ -99,21 +99,35 @@ class SpotCheckAnswer:
     def rows(self) -> int:
         return int(self.hidden.shape[0])
 
-    def to_json(self, prompt_tokens: int) -> dict[str, Any]:
-        """The answer as SGLang shapes it (the embedded server's)."""
+    def to_json_bytes(self, prompt_tokens: int) -> bytes:
+        """The answer as SGLang shapes it (the embedded server's), encoded: tens of MB of floats, so orjson
+        straight from the tensors' memory (``json`` took 2 s for a 256-token 8B-shaped answer, holding the GIL)."""
+        import orjson
+
         meta: dict[str, Any] = {
             "id": self.rid,
             "finish_reason": {"type": "length", "length": 1},
             "prompt_tokens": prompt_tokens,
             "completion_tokens": 1,
             "cached_tokens": 0,
-            HIDDEN_STATES_KEY: [self.hidden.tolist()],
+            HIDDEN_STATES_KEY: [self.hidden.numpy()],
         }
         if self.final is not None:
-            meta[FINAL_STATES_KEY] = self.final.tolist()
+            meta[FINAL_STATES_KEY] = self.final.numpy()
         if self.prenorm is not None:
-            meta[PRENORM_STATES_KEY] = self.prenorm.tolist()
-        return {"output_ids": [0], "meta_info": meta}
+            meta[PRENORM_STATES_KEY] = self.prenorm.numpy()
+        return orjson.dumps({"output_ids": [0], "meta_info": meta}, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    @classmethod
+    def parse_bytes(cls, content: bytes) -> SpotCheckAnswer | None:
+        """:meth:`parse` of a response body as received (orjson: the body is tens of MB of floats)."""
+        import orjson
+
+        try:
+            body = orjson.loads(content)
+        except orjson.JSONDecodeError:
+            return None
+        return cls.parse(body)
 
     @classmethod
     def parse(cls, body: Any) -> SpotCheckAnswer | None:
@@ -126,10 +140,8 @@ class SpotCheckAnswer:
         passes = meta.get(HIDDEN_STATES_KEY)
         if not isinstance(passes, list) or not passes or not isinstance(passes[0], list) or not passes[0]:
             return None
-        import torch
-
         try:
-            hidden = torch.tensor(passes[0], dtype=torch.float32)
+            hidden = _tensor(passes[0])
             final, prenorm = (_rows(meta.get(key)) for key in (FINAL_STATES_KEY, PRENORM_STATES_KEY))
         except (TypeError, ValueError):
             return None
@@ -141,7 +153,13 @@ class SpotCheckAnswer:
         return cls(rid if isinstance(rid, str) else None, hidden, final, prenorm)
 
 
-def _rows(value: Any) -> torch.Tensor | None:
+def _tensor(rows: Any) -> torch.Tensor:
+    """float32 from nested lists (numpy first: 6x faster than ``torch.tensor`` on lists)."""
+    import numpy
     import torch
 
-    return None if value is None else torch.tensor(value, dtype=torch.float32)
+    return torch.from_numpy(numpy.asarray(rows, dtype=numpy.float32))
+
+
+def _rows(value: Any) -> torch.Tensor | None:
+    return None if value is None else _tensor(value)

@@ -264,7 +264,7 @@ class ServerClient:
             raise TransientServerError(
                 f"spot check {request.rid} answered HTTP {response.status_code}: {response.text[:300]}"
             )
-        answer = SpotCheckAnswer.parse(json_body(response))
+        answer = SpotCheckAnswer.parse_bytes(response.content)
         if answer is None:
             raise SpotCheckUnavailableError(
                 f"{self.base_url}{GENERATE_PATH} answered spot check {request.rid} without meta_info.hidden_states: "

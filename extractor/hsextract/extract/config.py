@@ -129,7 +129,10 @@ class ExtractConfig(StrictConfig):
         "return_hidden_states; no dump) and compared with its dump (docs/spot-check.md); 0: off",
     )
     spot_check_max_tokens: int = Field(
-        256, gt=0, description="a spot check sends at most this many of the row's first tokens (the answer is JSON)"
+        defaults.SPOT_CHECK_MAX_TOKENS,
+        gt=0,
+        description="a spot check sends at most this many of the row's first tokens (the answer is JSON: about 0.4 MB "
+        "per token for Kimi-K2.5)",
     )
     spot_check_max_mismatches: int = Field(
         3, gt=0, description="stop the run after this many spot-checked rows differed from their dumps"

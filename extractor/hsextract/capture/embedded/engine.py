@@ -51,6 +51,7 @@ from hsextract.contract.generate import GenerateAnswer, GenerationAnswer, Genera
 from hsextract.contract.layers import capture_indices, resolve_aux_layer_ids
 from hsextract.contract.model_fingerprint import model_fingerprint
 from hsextract.contract.server_info import ServerInfo
+from hsextract.contract.spot_check import SpotCheckAnswer
 from hsextract.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -226,7 +227,7 @@ class Engine:
         """Queue one prompt; the future resolves once its forward ran and its dump (if any) is written."""
         return self._queue(EngineRequest(rid=rid, input_ids=input_ids, final_prenorm=final_prenorm, storage=storage))
 
-    def spot_check(self, rid: str, input_ids: list[int]) -> Future[dict[str, Any]]:
+    def spot_check(self, rid: str, input_ids: list[int]) -> Future[SpotCheckAnswer]:
         """Queue one prompt for a forward of its own, never dumped (:mod:`.unbatched`)."""
         return self._queue(EngineRequest(rid=rid, input_ids=input_ids, spot_check=True))
 

@@ -27,8 +27,9 @@ def move_spot_checks(waiting: deque[EngineRequest], alone: deque[EngineRequest])
 
 
 @torch.inference_mode()
-def answer_alone(base: Any, request: EngineRequest, device: torch.device, capture: list[int], cache: Any) -> dict[str, Any]:
-    """The ``/generate`` answer of a spot check: the states of one unbatched forward of the row."""
+def answer_alone(base: Any, request: EngineRequest, device: torch.device, capture: list[int], cache: Any) -> SpotCheckAnswer:
+    """The states of one unbatched forward of the row, for the ``/generate`` answer of a spot check (encoded
+    by the HTTP front off the scheduler thread and off its event loop)."""
     ids = torch.tensor(request.input_ids, dtype=torch.int64).unsqueeze(0).to(device)
     prenorm: list[torch.Tensor] = []
     grab = base.norm.register_forward_hook(lambda module, args, output: prenorm.append(args[0]))
@@ -38,4 +39,4 @@ def answer_alone(base: Any, request: EngineRequest, device: torch.device, captur
         grab.remove()
     aux = torch.cat([states[c][0] for c in capture], dim=-1).float().cpu()
     final, before = states[-1][0].float().cpu(), prenorm[-1][0].float().cpu()
-    return SpotCheckAnswer(request.rid, aux, final, before).to_json(len(request.input_ids))
+    return SpotCheckAnswer(request.rid, aux, final, before)
