@@ -27,7 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +84,14 @@ class _Rows:
     final: torch.Tensor  # [n, H]
     prenorm: torch.Tensor | None  # [n, H]
     fp8: Fp8Rows | None = None  # the rows of the FP8 requests (their segments count rows there)
+
+
+def _resolve(future: Future[Any], answer: Callable[[], SpotCheckAnswer]) -> None:
+    """A spot check's answer once its states are on the host (off the scheduler thread)."""
+    try:
+        future.set_result(answer())
+    except Exception as exc:
+        future.set_exception(exc)
 
 
 class Engine:
@@ -148,6 +156,7 @@ class Engine:
         self._waiting: deque[EngineRequest] = deque()
         self._chunking: deque[EngineRequest] = deque()
         self._alone: deque[EngineRequest] = deque()  # spot checks: one unbatched forward each
+        self._spot_answers = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hsextract-spot-check")
         self._in_flight: deque[Any] = deque()  # end events of forwards queued on the device
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="hsextract-scheduler", daemon=True)
@@ -244,6 +253,7 @@ class Engine:
         self._stop.set()
         self._inbox.put(None)
         self._thread.join()
+        self._spot_answers.shutdown(wait=True)
         if self.sink is not None:
             self.sink.flush()
             self.sink.close()
@@ -414,7 +424,8 @@ class Engine:
         (request,) = requests
         self._prenorm = None
         cache = {self._cache_kwarg: throwaway_cache(self.config)}
-        request.future.set_result(answer_alone(self.base, request, self.device, self.capture, cache))
+        answer = answer_alone(self.base, request, self.device, self.capture, cache)
+        self._spot_answers.submit(_resolve, request.future, answer)  # the scheduler goes on launching forwards
 
     def _gather(
         self, rows: Callable[[torch.Tensor], torch.Tensor], states: Sequence[torch.Tensor], prenorm: Any, with_prenorm: bool

@@ -8,6 +8,7 @@ path dumped.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,9 +28,13 @@ def move_spot_checks(waiting: deque[EngineRequest], alone: deque[EngineRequest])
 
 
 @torch.inference_mode()
-def answer_alone(base: Any, request: EngineRequest, device: torch.device, capture: list[int], cache: Any) -> SpotCheckAnswer:
-    """The states of one unbatched forward of the row, for the ``/generate`` answer of a spot check (encoded
-    by the HTTP front off the scheduler thread and off its event loop)."""
+def answer_alone(
+    base: Any, request: EngineRequest, device: torch.device, capture: list[int], cache: Any
+) -> Callable[[], SpotCheckAnswer]:
+    """Launch one unbatched forward of the row; the returned call waits for its states and gives the answer.
+
+    On a GPU the states are copied to pinned host memory without waiting and the call waits on an event:
+    a blocking copy on the scheduler thread drained the device's queue of forwards for every check."""
     ids = torch.tensor(request.input_ids, dtype=torch.int64).unsqueeze(0).to(device)
     prenorm: list[torch.Tensor] = []
     grab = base.norm.register_forward_hook(lambda module, args, output: prenorm.append(args[0]))
@@ -37,6 +42,19 @@ def answer_alone(base: Any, request: EngineRequest, device: torch.device, captur
         states = base(input_ids=ids, output_hidden_states=True, **cache).hidden_states
     finally:
         grab.remove()
-    aux = torch.cat([states[c][0] for c in capture], dim=-1).float().cpu()
-    final, before = states[-1][0].float().cpu(), prenorm[-1][0].float().cpu()
-    return SpotCheckAnswer(request.rid, aux, final, before)
+    aux = torch.cat([states[c][0] for c in capture], dim=-1).float()
+    final, before = states[-1][0].float(), prenorm[-1][0].float()
+    if device.type != "cuda":
+        ready = SpotCheckAnswer(request.rid, aux, final, before)
+        return lambda: ready
+    host = [torch.empty(t.shape, dtype=torch.float32, pin_memory=True) for t in (aux, final, before)]
+    for target, source in zip(host, (aux, final, before), strict=True):
+        target.copy_(source, non_blocking=True)
+    copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+    copied.record()
+
+    def answer() -> SpotCheckAnswer:
+        copied.synchronize()
+        return SpotCheckAnswer(request.rid, *host)
+
+    return answer
