@@ -20,7 +20,9 @@ first checked row. Recorded: per run the status, rate and ``spot_checks``
 false alarms, the faults caught, and the default's cost (``default_vs_off_rate_ratio``: median rate with
 the default check over the median with it off; target >= 0.98).
 
-``--append`` adds a model's figures to an existing result file (one model per device call);
+``--append`` adds a model's figures to an existing result file (one model per device call), replacing
+that model's; ``--phases faults`` runs only the faults and then every row checked on the same in-process
+engine (for a call too short to start a server too);
 ``--deadline-s`` starts no phase past that many seconds. ``--cpu-smoke`` runs the whole script at toy
 sizes on the CPU (its numbers mean nothing).
 """
@@ -218,7 +220,9 @@ def clean_runs(url: str, plan: list[tuple[str, Path, dict[str, Any]]], work: Pat
 
 
 def fault_runs(model_dir: Path, work: Path, data: Path, args: argparse.Namespace, clock: Clock,
-               results: dict[str, Any], save: Any) -> None:  # fmt: skip
+               results: dict[str, Any], save: Any, then_clean: Path | None = None) -> None:  # fmt: skip
+    """Each fault on one in-process engine; then, with ``then_clean``, every row of it checked on the same engine
+    healthy (``inprocess_every_row_*`` runs: the server in this process, for a call too short to start another)."""
     if not clock.allows(args.fault_estimate_s, "the fault runs"):
         return
     engine = FaultyEngine(ServeConfig(
@@ -243,6 +247,10 @@ def fault_runs(model_dir: Path, work: Path, data: Path, args: argparse.Namespace
                 faults.append({"fault": fault, "storage": storage, "caught_on_first_checked_row": caught, **run})
                 log.info("fault %s (%s): %s", fault, storage, "caught" if caught else f"NOT caught ({run['status']})")
                 save()
+        engine.fault = None
+        if then_clean is not None:
+            plan = [(f"inprocess_{name}", dataset, settings) for name, dataset, settings in every_row_plan(then_clean, args)]
+            clean_runs(url, plan, work, args, clock, results, save)
     finally:
         front.shutdown()
         engine.shutdown()
@@ -253,7 +261,7 @@ def fault_runs(model_dir: Path, work: Path, data: Path, args: argparse.Namespace
 
 def headline(results: dict[str, Any]) -> dict[str, Any]:
     runs = results.get("runs", [])
-    clean = [r for r in runs if r["name"] != "off"]
+    clean = [r for r in runs if r["name"] != "off"]  # every run with the check on, on a healthy engine
     false_alarms = sum((r["spot_checks"] or {}).get("mismatched_rows", 0) for r in clean)
     rate = {
         name: [r["samples_per_s"] for r in runs if r["name"] == name and r["status"] == "complete"]
@@ -263,7 +271,7 @@ def headline(results: dict[str, Any]) -> dict[str, Any]:
     tensors: dict[str, dict[str, Any]] = {}
     for run in clean:
         for name, record in ((run["spot_checks"] or {}).get("tensors") or {}).items():
-            key = f"{'fp8' if run['name'].endswith('fp8') else 'bf16'} {name}"
+            key = f"{'fp8' if run['name'].endswith('fp8') else 'bf16'} {name}"  # over every clean run
             into = tensors.setdefault(key, {"worst_matching_error": 0.0, "smallest_separation": None, "nearest": "",
                                             "least_sureness": None, "rows": 0, "differed": 0, "not_judged": 0})  # fmt: skip
             into["rows"] += record["rows"]
@@ -296,6 +304,7 @@ def parse_args() -> argparse.Namespace:
     add("--work", type=Path, default=Path(__file__).resolve().parent / "work", help="scratch: models, outputs")
     add("--models", default="8b,kimi", help="comma-separated: 8b, kimi (default: %(default)s)")
     add("--append", action="store_true", help="add to the models already in --out")
+    add("--label", default="", help="a suffix of the models' keys in --out (keeps an earlier run of the same model)")
     add("--rows", type=int, default=2000)
     add("--median", type=int, default=200, help="median row length")
     add("--longest", type=int, default=1024)
@@ -322,6 +331,9 @@ def parse_args() -> argparse.Namespace:
     add("--kimi-rope", type=int, default=64)
     add("--kimi-nope", type=int, default=128)
     add("--kimi-v", type=int, default=128)
+    add("--phases", default="clean", choices=["clean", "faults"],
+        help="clean: the subprocess server's runs and the faults (default); faults: the faults, then every row checked "
+        "on the same in-process engine (a short call)")
     add("--fault-estimate-s", type=float, default=120.0, help="time the fault phase needs (model load included)")
     add("--deadline-s", type=float, default=540.0, help="start no phase past this many seconds")
     add("--cpu-smoke", action="store_true", help="toy sizes on the CPU: checks the script end to end, measures nothing")
@@ -362,21 +374,25 @@ def main() -> int:
         work.mkdir(parents=True)
         model_dir = work / "model"
         results: dict[str, Any] = {"config": {k: str(v) for k, v in vars(args).items()}}
-        data["models"][name] = results
+        data["models"][f"{name}{args.label}"] = results
         results["model"] = make_model(model_dir, kimi_config(args) if name == "kimi" else llama_config(args), args)
         results["dataset"] = make_dataset(work / "data.jsonl", args.rows, args)
         results["every_row_dataset"] = make_dataset(work / "every.jsonl", args.every_row_rows, args, seed=8)
         make_dataset(work / "faults.jsonl", 64, args, seed=9)
         save()
         log_path = work / "server.log"
-        server, url = e2e.start_server(model_dir, Path("/dev/shm") / f"hsx-bench-spot-{name}", _serve_args(args), log_path)
-        try:
-            results["server_ready_s"] = e2e.wait_healthy(url, server, log_path)
-            clean_runs(url, default_plan(work / "data.jsonl", args), work, args, clock, results, save)
-            fault_runs(model_dir, work, work / "faults.jsonl", args, clock, results, save)
-            clean_runs(url, every_row_plan(work / "every.jsonl", args), work, args, clock, results, save)
-        finally:
-            e2e.stop_server(server)
+        phases = set(args.phases.split(","))
+        if "clean" in phases:
+            server, url = e2e.start_server(model_dir, Path("/dev/shm") / f"hsx-bench-spot-{name}", _serve_args(args), log_path)
+            try:
+                results["server_ready_s"] = e2e.wait_healthy(url, server, log_path)
+                clean_runs(url, default_plan(work / "data.jsonl", args), work, args, clock, results, save)
+                fault_runs(model_dir, work, work / "faults.jsonl", args, clock, results, save)
+                clean_runs(url, every_row_plan(work / "every.jsonl", args), work, args, clock, results, save)
+            finally:
+                e2e.stop_server(server)
+        else:  # the faults, then every row checked on the same in-process engine
+            fault_runs(model_dir, work, work / "faults.jsonl", args, clock, results, save, then_clean=work / "every.jsonl")
         results["headline"] = headline(results)
         save()
         log.info("%s: %s", name, json.dumps(results["headline"], indent=1))

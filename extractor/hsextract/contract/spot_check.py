@@ -16,9 +16,10 @@ rows, the first being the prompt's ``[rows, width]``. What those rows are in SGL
 
 The embedded server answers the same field with one unbatched forward of the prompt (every position,
 no chunking) and adds :data:`FINAL_STATES_KEY`: the final post-norm state ``[T, H]``, which SGLang
-does not return, and :data:`PRENORM_STATES_KEY`: the same state before the final norm, the alternative
+does not return, :data:`PRENORM_STATES_KEY`: the same state before the final norm, the alternative
 a dump path on the wrong side of the norm would hold (the comparison measures the post-norm state's
-distance from it).
+distance from it), and :data:`NEIGHBOURS_KEY`: the layers either side of the first aux layer, the
+alternatives of a layer set off by one.
 
 The rid has no dump prefix (:data:`SPOT_CHECK_RID_PREFIX`), so no hook dumps it. ``max_new_tokens``
 is 1: SGLang's hidden states of a prompt come with its first sampled token.
@@ -42,6 +43,10 @@ HIDDEN_STATES_KEY = "hidden_states"
 FINAL_STATES_KEY = "hsextract_final_hidden_states"
 #: ``meta_info`` key only the embedded server sets: the last layer's output before the final norm
 PRENORM_STATES_KEY = "hsextract_final_prenorm_hidden_states"
+#: ``meta_info`` key only the embedded server sets: the layers either side of the first aux layer, ``[T, 2H]``
+#: (its capture index - 1, then + 1): a layer set off by one moves every aux layer, and the first is where a
+#: layer moves the residual stream most and the engine's own noise is least
+NEIGHBOURS_KEY = "hsextract_first_aux_neighbour_states"
 #: rids of spot checks: never the dump prefix (``contract.rids``: ``<prefix>-<row>-n<T>``)
 SPOT_CHECK_RID_PREFIX = "hsxspot"
 
@@ -88,12 +93,14 @@ class SpotCheckAnswer:
 
     ``hidden`` ``[rows, width]`` float32: SGLang's packed aux states (``width == K*H``), or the final
     state alone (``width == H``) from a server without aux capture. ``final`` and ``prenorm`` ``[rows, H]``
-    (the final state after and before the final norm): only from the embedded server."""
+    (the final state after and before the final norm) and ``neighbours`` ``[rows, 2H]`` (the layers either
+    side of the first aux layer): only from the embedded server."""
 
     rid: str | None
     hidden: torch.Tensor
     final: torch.Tensor | None = None
     prenorm: torch.Tensor | None = None
+    neighbours: torch.Tensor | None = None
 
     @property
     def rows(self) -> int:
@@ -116,6 +123,8 @@ class SpotCheckAnswer:
             meta[FINAL_STATES_KEY] = self.final.numpy()
         if self.prenorm is not None:
             meta[PRENORM_STATES_KEY] = self.prenorm.numpy()
+        if self.neighbours is not None:
+            meta[NEIGHBOURS_KEY] = self.neighbours.numpy()
         return orjson.dumps({"output_ids": [0], "meta_info": meta}, option=orjson.OPT_SERIALIZE_NUMPY)
 
     @classmethod
@@ -142,15 +151,15 @@ class SpotCheckAnswer:
             return None
         try:
             hidden = _tensor(passes[0])
-            final, prenorm = (_rows(meta.get(key)) for key in (FINAL_STATES_KEY, PRENORM_STATES_KEY))
+            final, prenorm, neighbours = (_rows(meta.get(key)) for key in (FINAL_STATES_KEY, PRENORM_STATES_KEY, NEIGHBOURS_KEY))
         except (TypeError, ValueError):
             return None
         if hidden.dim() == 1:  # return_hidden_states "last": one row
             hidden = hidden.unsqueeze(0)
-        if hidden.dim() != 2 or any(t is not None and t.dim() != 2 for t in (final, prenorm)):
+        if hidden.dim() != 2 or any(t is not None and t.dim() != 2 for t in (final, prenorm, neighbours)):
             return None
         rid = meta.get("id")
-        return cls(rid if isinstance(rid, str) else None, hidden, final, prenorm)
+        return cls(rid if isinstance(rid, str) else None, hidden, final, prenorm, neighbours)
 
 
 def _tensor(rows: Any) -> torch.Tensor:

@@ -12,8 +12,8 @@ to ``|E_t|``, each the **median over the checked positions**:
 
 where the alternatives ``A`` are what a wrong dump would most likely hold and the answer itself has:
 every other tensor of the answer (the other captured layers, the final state, and from the embedded
-server the final state before the norm) at the same positions, and the same tensor one position earlier
-and one later (states shifted by a token). The dump matches
+server the final state before the norm and, for the first aux layer, the layers either side of it) at
+the same positions, and the same tensor one position earlier and one later (states shifted by a token). The dump matches
 when ``error <= separation / margin`` (:data:`DEFAULT_MARGIN`, 2): it is at least twice as close to
 the engine's state as that state is to anything else the engine computed. A dump that holds an
 alternative sits at ``error == separation`` (twice the bound); the engine's own batch-to-batch noise
@@ -220,11 +220,18 @@ def compare(
         scales = dump.hidden_states_scales.float().reshape(-1)[first:prompt_tokens]
     if "final" in engine and answer.prenorm is not None:  # the embedded server's: the final state before the norm
         engine["final before the norm"] = answer.prenorm[-rows:]
+    neighbours: dict[str, torch.Tensor] = {}  # the embedded server's: the layers either side of the first aux layer
+    if answer.neighbours is not None and width == num_aux * hidden and answer.neighbours.shape[1] == 2 * hidden:
+        first_layer = layer_ids[0]
+        neighbours[f"layer {first_layer - 1} (one layer early)"] = answer.neighbours[-rows:, :hidden]
+        neighbours[f"layer {first_layer + 1} (one layer late)"] = answer.neighbours[-rows:, hidden:]
     checks = []
     for name, state in engine.items():
         if name not in dumped:  # an alternative only
             continue
         others = {other: value for other, value in engine.items() if other != name}
+        if name == f"aux layer {layer_ids[0]}":
+            others.update(neighbours)
         checks.append(check_tensor(name, dumped[name], state, others, first, storage, scales, margin))
     unchecked.extend(f"{c.tensor} (cannot be told from another tensor on this model)" for c in checks if not c.separable)
     if first > 0:

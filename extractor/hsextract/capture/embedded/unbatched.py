@@ -1,8 +1,8 @@
 """The embedded engine's answer to a spot check: the row alone, in one forward (batch 1, no chunking).
 
 What SGLang's ``return_hidden_states`` gives with aux capture on (the aux states packed ``[T, K*H]``),
-plus the final state after and before the final norm; compared by the extractor with what the batched
-path dumped.
+plus the final state after and before the final norm and the layers either side of the first aux layer;
+compared by the extractor with what the batched path dumped.
 """
 
 from __future__ import annotations
@@ -44,11 +44,13 @@ def answer_alone(
         grab.remove()
     aux = torch.cat([states[c][0] for c in capture], dim=-1).float()
     final, before = states[-1][0].float(), prenorm[-1][0].float()
+    neighbours = torch.cat([states[capture[0] - 1][0], states[capture[0] + 1][0]], dim=-1).float()
+    found = (aux, final, before, neighbours)
     if device.type != "cuda":
-        ready = SpotCheckAnswer(request.rid, aux, final, before)
+        ready = SpotCheckAnswer(request.rid, *found)
         return lambda: ready
-    host = [torch.empty(t.shape, dtype=torch.float32, pin_memory=True) for t in (aux, final, before)]
-    for target, source in zip(host, (aux, final, before), strict=True):
+    host = [torch.empty(t.shape, dtype=torch.float32, pin_memory=True) for t in found]
+    for target, source in zip(host, found, strict=True):
         target.copy_(source, non_blocking=True)
     copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
     copied.record()
