@@ -16,7 +16,7 @@ PREPARED ?=
 OUTPUT ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup setup-sglang setup-trainers extract pipeline test test-fast test-docker lint bench bench-generate bench-gpu bench-gpu-e2e bench-gpu-fleet bench-gpu-drafter clean clean-venvs
+.PHONY: help setup setup-sglang setup-trainers extract pipeline test test-fast test-docker lint bench bench-generate bench-gpu bench-gpu-e2e bench-gpu-fleet bench-gpu-drafter bench-gpu-spot-check clean clean-venvs
 
 # Deployment (Ansible) and monitoring targets live in their own files.
 include $(wildcard mk/*.mk)
@@ -110,6 +110,10 @@ bench-gpu-fleet:  ## on a GPU host: N GPUs' aggregate tokens/s against N x one G
 # One GPU, about 10 minutes, nothing downloaded (issue 28); BENCH_ARGS="--quick" for a first run on a new machine
 bench-gpu-drafter:  ## on one GPU: a stdlib-trained target, our pipeline, speculators' and SpecForge's own trainers on correct and wrong data, acceptance on held-out text; writes bench/results-gpu-drafter.json
 	PYTHONPATH=extractor:bench $(or $(GPU_PYTHON),python3) bench/bench_gpu_drafter.py --out bench/results-gpu-drafter.json $(BENCH_ARGS)
+
+# One GPU, one model per call (about 8 minutes each: BENCH_ARGS="--models kimi --append"), nothing downloaded (issue 34)
+bench-gpu-spot-check:  ## on one GPU: the spot check's false alarms (default and every row checked, bf16 and FP8), its cost, and each dump-path fault caught; 8B- and Kimi-shaped models; writes bench/results-gpu-spot-check.json
+	PYTHONPATH=extractor:bench $(or $(GPU_PYTHON),python3) bench/bench_gpu_spot_check.py --out bench/results-gpu-spot-check.json $(BENCH_ARGS)
 
 clean:  ## remove the default run's files (WORK: the model, data, outputs, logs); the venvs stay
 	rm -rf $(WORK)

@@ -8,8 +8,10 @@ before the extractor took it up (``longest_dump_pickup_s``: from the dump's ``do
 late answers (rows written before their HTTP answer came), watchdog resends, and whether the run
 stalled: no row settled for ``--stall-s`` seconds. A stalled run is stopped after every thread's
 stack of both processes is written next to the result (SIGUSR1 to the server, ``faulthandler`` in
-this process). The result JSON is rewritten after every run; ``--append`` adds to an existing one
-(the soak can be split over several calls, one per budget).
+this process). Every run has the CLI's defaults, the spot check on: a run that does not end
+``complete`` with every token (a stop, a stall) is a failed run, and the script exits 1 if any run
+failed. The result JSON is rewritten after every run; ``--append`` adds to an existing one (the soak
+can be split over several calls, one per budget).
 """
 
 from __future__ import annotations
@@ -92,8 +94,13 @@ def one_run(
         finished.set()
     seconds = time.perf_counter() - started
     value = metrics.registry.get_sample_value
+    spot = json.loads((output / "data_config.json").read_text()).get("spot_checks") or {}
     return {
         "status": str(summary.status),
+        # a run that did not end complete with every token (stopped, incomplete, a stall) fails the soak
+        "failed": summary.status != "complete" or summary.total_tokens != tokens or bool(stalled),
+        "fatal_error": summary.fatal_error,
+        "spot_checks": {k: spot.get(k) for k in ("every", "checked_rows", "mismatched_rows", "failed_requests")},
         "samples": summary.total_samples,
         "tokens": summary.total_tokens,
         "complete": summary.total_tokens == tokens,
@@ -153,7 +160,7 @@ def main() -> int:
                 for run in range(1, args.runs + 1):
                     stacks = args.out.with_name(f"{args.out.stem}-stacks-{budget}-{run}.txt")
                     record = {"max_batch_tokens": budget, "run": run}
-                    record.update(one_run(url, data, disk / "out", args, tokens, stacks, server))
+                    record.update(one_run(url, data, disk / "out", args, tokens, stacks, server))  # the CLI's defaults
                     runs.append(record)
                     log.info("%s", record)
                     shutil.rmtree(disk / "out", ignore_errors=True)
@@ -162,10 +169,15 @@ def main() -> int:
                         break  # the stacks are taken; a stalled server is not measured further
             finally:
                 e2e.stop_server(server)
-        print(json.dumps(summarize(runs), indent=1))
+        summary = summarize(runs)
+        print(json.dumps(summary, indent=1))
     finally:
         shutil.rmtree(tmpfs, ignore_errors=True)
         shutil.rmtree(disk, ignore_errors=True)
+    if summary["failed_runs"]:
+        log.error("%d of %d runs did not end complete (a stop, e.g. the spot check's, or a stall): the soak fails",
+                  summary["failed_runs"], summary["runs"])  # fmt: skip
+        return 1
     return 0
 
 
@@ -184,6 +196,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "runs": len(runs),
         "stalls": sum(r["stalls"] for r in runs),
         "incomplete_runs": sum(not r["complete"] for r in runs),
+        "failed_runs": sum(r.get("failed", False) for r in runs),
+        "spot_check_mismatched_rows": sum((r.get("spot_checks") or {}).get("mismatched_rows") or 0 for r in runs),
         "longest_dump_pickup_s": max((r["longest_dump_pickup_s"] for r in runs), default=None),
         "late_answers": sum(r["late_answers"] for r in runs),
         "watchdog_resends": sum(r["watchdog_resends"] for r in runs),

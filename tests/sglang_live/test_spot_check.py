@@ -1,6 +1,6 @@
 """The spot check on the real SGLang 0.5.23 server (CPU, float32, chunked prefill of 64 tokens).
 
-A run with ``--spot-check-every 1`` passes: every row's dump equals SGLang's own
+A run with ``--spot-check-every 1``, alone and at the default concurrency, passes: every row's dump equals SGLang's own
 ``return_hidden_states`` at the positions SGLang returns (the last extend pass of the first
 ``spot_check_max_tokens`` tokens), and ``data_config.json`` says what was checked and what not (the
 final state: SGLang returns only the aux states when aux capture is on). The same run against the same
@@ -46,9 +46,11 @@ def server(live):  # type: ignore[no-untyped-def]
     return live("llama")
 
 
-def test_a_run_with_the_spot_check_on_passes(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("concurrency", ["1", "256"], ids=["alone", "default"])
+def test_every_row_checked_gives_no_false_alarm(server, tmp_path: Path, concurrency: str) -> None:  # type: ignore[no-untyped-def]
     dataset = write_dataset(tmp_path / "data.jsonl", LENGTHS, seed=5)
-    result = extract(server, dataset, tmp_path / "out", "--spot-check-every", "1", "--concurrency", "4")
+    result = extract(server, dataset, tmp_path / "out", "--spot-check-every", "1", "--spot-check-max-tokens", "256",
+                     "--concurrency", concurrency)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     config = data_config(tmp_path / "out")
     assert config["status"] == "complete" and errors(tmp_path / "out") == []
@@ -56,6 +58,9 @@ def test_a_run_with_the_spot_check_on_passes(server, tmp_path: Path) -> None:  #
     assert spot["checked_rows"] == spot["matched_rows"] == len(LENGTHS) and spot["mismatched_rows"] == 0
     assert spot["checked_tensors"] == ["aux layer 1", "aux layer 3", "aux layer 4"]
     assert spot["worst_matching_error"] < 1e-5  # float32: batched with others or alone, only the summation order differs
+    for name, tensor in spot["tensors"].items():  # every aux layer judged on every row, far from its nearest alternative
+        assert tensor["rows"] == tensor["matched"] == len(LENGTHS), (name, tensor)
+        assert tensor["smallest_separation"] > 0.1 and tensor["nearest_alternative"], (name, tensor)
     # SGLang returns the last extend pass of the (at most 256-token) prompt: at most a chunk of it; where a
     # pass ends depends on what shares the batch's token budget, so only the bound is fixed
     assert len(LENGTHS) <= spot["checked_positions"] <= sum(min(n, 256, CHUNK) for n in LENGTHS)
@@ -91,5 +96,6 @@ def test_a_hook_one_layer_off_is_caught_on_the_first_checked_rows_and_stops(  # 
     bad = errors(out)
     assert [e["reason"] for e in bad] == ["spot_check_mismatch"] * 2
     assert [e["row"] for e in bad] == [0, 4]  # the first two checked rows (sent shortest first: dataset order here)
-    assert "aux layer 1" in bad[0]["message"] and "aux layer 2" in bad[0]["message"]
+    message = bad[0]["message"]
+    assert "aux layer 1: " in message and "DIFFERS" in message and "from aux layer 2; the nearest" in message, message
     assert recorded["total_samples"] <= 4  # stopped at the second checked row: rows 1..3 at most were written

@@ -7,7 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hsextract.extract.spot_compare import check_tensor, stored_rounding
+from hsextract.contract.dumps import Dump, DumpMeta, DumpSource
+from hsextract.contract.fp8 import FP8_STORAGE, quantize_per_token
+from hsextract.contract.spot_check import SpotCheckAnswer
+from hsextract.extract.spot_compare import check_tensor, compare, stored_rounding
 
 POSITIONS, HIDDEN = 64, 256
 
@@ -107,3 +110,31 @@ def test_fp8_rounding_is_measured_with_the_dumps_scales() -> None:
     assert 0.01 < fp8 < 0.05  # e4m3: about 3 % norm-wise
     assert float(stored_rounding(state, "bfloat16").median()) < 0.005
     assert float(stored_rounding(state, "float32").max()) == 0
+
+
+def _fp8_dump(states: torch.Tensor, prenorm_final: torch.Tensor, layers: list[int]) -> Dump:
+    """An FP8 dump as speculators stores it: ``[T, K+1, H]`` with the pre-norm final state in the last slot."""
+    source = DumpSource("test", "1", "/models/toy", layers, [i + 1 for i in layers])
+    tokens = states.shape[0]
+    meta = DumpMeta("r", tokens, len(layers), HIDDEN, "bfloat16", True, 1, 0.0, source,
+                    storage_dtype=FP8_STORAGE, final_slot="prenorm")  # fmt: skip
+    hidden, scales = quantize_per_token(torch.cat([states, prenorm_final.unsqueeze(1)], dim=1))
+    return Dump("r", torch.arange(tokens), meta, hidden_states=hidden, hidden_states_scales=scales, storage_dtype=FP8_STORAGE)
+
+
+def test_a_layer_set_one_late_is_caught_by_the_first_aux_layers_neighbours() -> None:
+    """The Kimi-shaped model on the H200, FP8: the dump one layer late sat 0.25 from the engine's state with its
+    nearest structural alternative 0.78 away: inside the bound. The embedded server's neighbours of the first aux
+    layer are the alternatives that catch it; without them (SGLang returns none) it passes."""
+    layers = stream(layers=20)
+    captured, ids = [2, 10, 18], [1, 9, 17]  # hidden_states indexes and layer_ids
+    engine = torch.stack([layers[c] for c in captured], dim=1).reshape(POSITIONS, -1)
+    dump = _fp8_dump(torch.stack([layers[c + 1] for c in captured], dim=1), layers[19], ids)
+    without = compare(dump, SpotCheckAnswer("x", engine), POSITIONS, ids)
+    assert without.ok  # every aux layer within half its distance to the other captured layers: it passes
+    neighbours = torch.cat([layers[1], layers[3]], dim=-1)
+    caught = compare(dump, SpotCheckAnswer("x", engine, layers[19], None, neighbours), POSITIONS, ids)
+    assert not caught.ok
+    first = caught.checks[0]
+    assert first.tensor == "aux layer 1" and not first.ok and first.dump_closest == "layer 2 (one layer late)"
+    assert first.error == without.checks[0].error and first.separation < without.checks[0].separation
