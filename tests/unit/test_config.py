@@ -158,3 +158,15 @@ def test_a_layer_list_that_is_not_integers_is_refused_naming_both_forms(tmp_path
         parse(ExtractConfig, ["--config", str(config_file)])
     with pytest.raises(SystemExit):
         parse(ExtractConfig, ["--dataset", "d", "--output", "o", "--layer-ids", "1", "x"])
+
+
+def test_a_retired_key_says_what_replaced_it(tmp_path: Path) -> None:
+    """spot_check_tolerance bounded one element against a fixed number; the check now judges each tensor against
+    the engine's distance to its nearest alternative (spot_check_margin): a config that still sets it is told so."""
+    config_file = tmp_path / "c.yml"
+    config_file.write_text("dataset: d\noutput: o\nspot_check_tolerance: 0.05\n")
+    with pytest.raises(ConfigError) as caught:
+        parse(ExtractConfig, ["--config", str(config_file)])
+    message = str(caught.value)
+    assert f"'spot_check_tolerance' in {config_file} is no longer an option" in message
+    assert "spot_check_margin" in message and "remove the key" in message

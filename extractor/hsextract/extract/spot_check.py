@@ -47,9 +47,11 @@ class TensorRecord:
     smallest_separation: float = float("inf")  # the engine's state's least distance from an alternative
     nearest_alternative: str = ""  # ... which alternative that was
     least_sureness: float = float("inf")  # min over matching rows of separation / error
+    worst_rounding: float = 0.0  # the largest rounding of the engine's state in the storage dtype (FP8: its shared scale)
 
     def add(self, check: TensorCheck) -> None:
         self.rows += 1
+        self.worst_rounding = max(self.worst_rounding, check.rounding)
         if not check.separable:
             self.not_judged += 1
         elif check.ok:
@@ -71,6 +73,7 @@ class TensorRecord:
             "smallest_separation": _finite(self.smallest_separation),
             "nearest_alternative": self.nearest_alternative,
             "least_sureness": _finite(self.least_sureness),
+            "worst_rounding": self.worst_rounding,
         }
 
     def describe(self, tensor: str) -> str:
