@@ -27,7 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from hsextract.capture.embedded.config import ServeConfig
 from hsextract.capture.embedded.decode import DecodeScheduler
 from hsextract.capture.embedded.inbox import drain_inbox
 from hsextract.capture.embedded.kv_batch import throwaway_cache
-from hsextract.capture.embedded.unbatched import answer_alone, move_spot_checks
+from hsextract.capture.embedded.unbatched import SpotCheckAnswers, answer_alone, move_spot_checks
 from hsextract.capture.pinned import HostCopier
 from hsextract.capture.stages import StageClock
 from hsextract.contract.dump_dir import prepare_dump_root
@@ -49,9 +49,9 @@ from hsextract.contract.dumps import DumpSource
 from hsextract.contract.fp8 import quantize_per_token
 from hsextract.contract.generate import GenerateAnswer, GenerationAnswer, GenerationRequest
 from hsextract.contract.layers import capture_indices, resolve_aux_layer_ids
+from hsextract.contract.model_config import check_model_dir
 from hsextract.contract.model_fingerprint import model_fingerprint
 from hsextract.contract.server_info import ServerInfo
-from hsextract.contract.spot_check import SpotCheckAnswer
 from hsextract.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -86,14 +86,6 @@ class _Rows:
     fp8: Fp8Rows | None = None  # the rows of the FP8 requests (their segments count rows there)
 
 
-def _resolve(future: Future[Any], answer: Callable[[], SpotCheckAnswer]) -> None:
-    """A spot check's answer once its states are on the host (off the scheduler thread)."""
-    try:
-        future.set_result(answer())
-    except Exception as exc:
-        future.set_exception(exc)
-
-
 class Engine:
     """Owns the model, the scheduler thread and the dump sink."""
 
@@ -101,8 +93,7 @@ class Engine:
         import transformers
 
         self.model_path = Path(config.model).resolve()  # recorded in dumps and outputs: never relative
-        if not (self.model_path / "config.json").exists():
-            raise ConfigError(f"model {self.model_path} has no config.json; pass a save_pretrained directory")
+        check_model_dir(self.model_path, "--model")
         if dump:
             prepare_dump_root(Path(config.dump_dir))  # refuse an unsafe dump root before loading the model
         self.model_fingerprint = model_fingerprint(self.model_path)
@@ -156,7 +147,7 @@ class Engine:
         self._waiting: deque[EngineRequest] = deque()
         self._chunking: deque[EngineRequest] = deque()
         self._alone: deque[EngineRequest] = deque()  # spot checks: one unbatched forward each
-        self._spot_answers = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hsextract-spot-check")
+        self._spot_answers = SpotCheckAnswers()
         self._in_flight: deque[Any] = deque()  # end events of forwards queued on the device
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="hsextract-scheduler", daemon=True)
@@ -236,8 +227,8 @@ class Engine:
         """Queue one prompt; the future resolves once its forward ran and its dump (if any) is written."""
         return self._queue(EngineRequest(rid=rid, input_ids=input_ids, final_prenorm=final_prenorm, storage=storage))
 
-    def spot_check(self, rid: str, input_ids: list[int]) -> Future[SpotCheckAnswer]:
-        """Queue one prompt for a forward of its own, never dumped (:mod:`.unbatched`)."""
+    def spot_check(self, rid: str, input_ids: list[int]) -> Future[Any]:
+        """Queue one prompt for a forward of its own, never dumped: a SpotCheckAnswer (:mod:`.unbatched`)."""
         return self._queue(EngineRequest(rid=rid, input_ids=input_ids, spot_check=True))
 
     def _queue(self, request: EngineRequest) -> Future[Any]:
@@ -253,7 +244,7 @@ class Engine:
         self._stop.set()
         self._inbox.put(None)
         self._thread.join()
-        self._spot_answers.shutdown(wait=True)
+        self._spot_answers.close()
         if self.sink is not None:
             self.sink.flush()
             self.sink.close()
@@ -423,9 +414,8 @@ class Engine:
     def _forward_alone(self, requests: list[EngineRequest]) -> None:
         (request,) = requests
         self._prenorm = None
-        cache = {self._cache_kwarg: throwaway_cache(self.config)}
-        answer = answer_alone(self.base, request, self.device, self.capture, cache)
-        self._spot_answers.submit(_resolve, request.future, answer)  # the scheduler goes on launching forwards
+        answer = answer_alone(self.base, request, self.device, self.capture, {self._cache_kwarg: throwaway_cache(self.config)})
+        self._spot_answers.resolve(request.future, answer)  # the scheduler goes on: no wait for the states
 
     def _gather(
         self, rows: Callable[[torch.Tensor], torch.Tensor], states: Sequence[torch.Tensor], prenorm: Any, with_prenorm: bool

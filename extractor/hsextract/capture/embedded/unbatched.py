@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -17,6 +18,27 @@ from hsextract.contract.spot_check import SpotCheckAnswer
 
 if TYPE_CHECKING:
     from hsextract.capture.embedded.engine import EngineRequest
+
+
+class SpotCheckAnswers:
+    """Resolves spot checks' futures on a thread of its own once their states are on the host: the
+    scheduler goes on launching forwards meanwhile."""
+
+    def __init__(self) -> None:
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hsextract-spot-check")
+
+    def resolve(self, future: Future[Any], answer: Callable[[], SpotCheckAnswer]) -> None:
+        self._thread.submit(_resolve, future, answer)
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=True)
+
+
+def _resolve(future: Future[Any], answer: Callable[[], SpotCheckAnswer]) -> None:
+    try:
+        future.set_result(answer())
+    except Exception as exc:
+        future.set_exception(exc)
 
 
 def move_spot_checks(waiting: deque[EngineRequest], alone: deque[EngineRequest]) -> deque[EngineRequest]:
