@@ -4,7 +4,9 @@
 #   make monitoring-rules                render the alert rules template with hsx_monitoring's defaults
 # The hosts are those of INVENTORY, else of the inventory ansible.cfg names once it is configured
 # (no CHANGE_ME left; see mk/ansible.mk); with neither they look at this machine (`make extract`'s
-# embedded default). STATUS_ARGS passes more flags, e.g. STATUS_ARGS=--json (hsextract status --help).
+# embedded default) where `make extract` runs it: the same HSX_PORT, HSX_METRICS_PORT, HSX_DUMP_DIR, OUTPUT
+# (default WORK/output) as scripts/run-default.sh, and `make logs` shows its server log, WORK/server.log.
+# STATUS_ARGS passes more flags, e.g. STATUS_ARGS=--json (hsextract status --help); they override those.
 
 INVENTORY ?=
 LINES ?= 50
@@ -17,14 +19,17 @@ MONITORING_RULES_DIR ?= monitoring/prometheus/rules
 .PHONY: status logs test-monitoring monitoring-deps monitoring-rules
 
 _status_inventory = $(or $(INVENTORY),$(if $(HSX_INVENTORY_CONFIGURED),$(HSX_INVENTORY)))
+# this machine: what scripts/run-default.sh (make extract) takes; hsextract status's defaults are the script's
+_status_local = $(if $(HSX_PORT),--server-port $(HSX_PORT)) $(if $(HSX_METRICS_PORT),--metrics-port $(HSX_METRICS_PORT)) \
+	--output-dir $(or $(OUTPUT),$(WORK)/output) $(if $(HSX_DUMP_DIR),--dump-dir $(HSX_DUMP_DIR))
 _status = $(BIN)/hsextract status $(if $(_status_inventory),--inventory $(_status_inventory) \
-	--ansible-inventory $(ANSIBLE_VENV)/bin/ansible-inventory)
+	--ansible-inventory $(ANSIBLE_VENV)/bin/ansible-inventory,$(_status_local))
 
 status: setup $(if $(_status_inventory),setup-ansible)  ## health, units, /dev/shm, disk, progress and ETA of the hosts (read-only)
 	$(_status) $(STATUS_ARGS)
 
-logs: setup $(if $(_status_inventory),setup-ansible)  ## status plus the last LINES log lines of the server and extractor units
-	$(_status) --logs $(LINES) $(STATUS_ARGS)
+logs: setup $(if $(_status_inventory),setup-ansible)  ## status plus the last LINES log lines of the server and extractor units (no inventory: of WORK/server.log)
+	$(_status) --logs $(LINES) $(if $(_status_inventory),,--log-file $(WORK)/server.log) $(STATUS_ARGS)
 
 monitoring-deps:  ## Debian's prometheus (promtool) and openssh-server for the monitoring tests (root)
 	scripts/monitoring/install-deps.sh

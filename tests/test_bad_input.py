@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from hsextract.extract.metrics import ExtractMetrics
 
 from .helpers import run_extraction
 
@@ -70,3 +73,34 @@ def test_server_refusing_a_prompt_records_it_and_goes_on(model_dir, start_server
     assert summary.status == "complete" and summary.total_samples == 1
     error = json.loads((tmp_path / "out" / "errors.jsonl").read_text())
     assert error["row"] == 0 and error["reason"] == "server_rejected" and "400" in error["message"]
+
+
+def _with_context(model: Path, directory: Path, context: int) -> Path:
+    """A copy of ``model`` whose config.json gives a context of ``context`` tokens (max_position_embeddings)."""
+    shutil.copytree(model, directory)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "max_position_embeddings": context}))
+    return directory
+
+
+def test_rows_longer_than_the_served_context_are_bad_input_not_sent(model_dir, start_server, tmp_path: Path) -> None:
+    # issue 39, item 3: a 64-token context; the server (SGLang's rule) takes prompts of at most 63 tokens
+    server = start_server(_with_context(model_dir("deepseek_v3"), tmp_path / "model-64", 64))
+    lengths = [10, 63, 64, 150, 20]  # rows 2 and 3 are still longer than 63 tokens after the cut to 100
+    dataset = tmp_path / "data.jsonl"
+    dataset.write_text("".join(json.dumps({"input_ids": [1 + i % 500 for i in range(n)]}) + "\n" for n in lengths))
+    metrics = ExtractMetrics()
+    summary = run_extraction(server.url, dataset, tmp_path / "out", metrics=metrics, max_seq_len=100)
+    assert summary.status == "complete" and summary.total_samples == 3
+    errors = {e["row"]: e for e in map(json.loads, (tmp_path / "out" / "errors.jsonl").read_text().splitlines())}
+    assert sorted(errors) == [2, 3] and {e["reason"] for e in errors.values()} == {"longer_than_context"}
+    assert all(e["kind"] == "bad_input" for e in errors.values())
+    assert "64 tokens" in errors[2]["message"] and "100 tokens" in errors[3]["message"]  # after the cut, not 150
+    assert "context" in errors[3]["message"] and "--max-seq-len 63" in errors[3]["message"]
+    config = json.loads((tmp_path / "out" / "data_config.json").read_text())
+    assert config["bad_input_samples"] == 2 and config["error_counts"] == {"longer_than_context": 2}
+    assert metrics.registry.get_sample_value("hsextract_errors_total", {"reason": "longer_than_context"}) == 2
+
+    # cut to the context by --max-seq-len, the same rows fit and are written
+    summary = run_extraction(server.url, dataset, tmp_path / "out-cut", max_seq_len=63)
+    assert summary.status == "complete" and summary.total_samples == 5 and summary.bad_input == 0

@@ -4,6 +4,7 @@ rows without loss_mask are said and counted, and a prepared dataset's provenance
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from hsextract.cli import main
 from hsextract.dev.sample_data import make_sample_conversations
-from hsextract.errors import IdentityMismatchError
+from hsextract.errors import ConfigError, IdentityMismatchError
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.prepare import PrepareConfig
 from hsextract.prepare.run import run_prepare
@@ -92,3 +93,99 @@ def provenance_template(model: Path) -> str:
     if isinstance(template, str):
         return template
     return (model / "chat_template.jinja").read_text()
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("case", ["the-prepared-dataset", "inside-the-dataset", "holding-the-dataset", "another-directory"])
+def test_an_output_that_overlaps_the_dataset_or_holds_something_else_is_refused_before_any_work(
+    model_dir, start_server, tmp_path: Path, case: str, capsys
+) -> None:
+    model = model_dir("deepseek_v3")
+    server = start_server(model)
+    conversations = make_sample_conversations(tmp_path / "conversations.jsonl", num=4, seed=5)
+    with open(conversations, "a", encoding="utf-8") as handle:
+        handle.write("{not json\n")  # a row prepare drops: its errors.jsonl lists it
+    dataset = tmp_path / "work" / "prepared"
+    _prepare(model, conversations, dataset)
+    assert (dataset / "errors.jsonl").read_text().count("\n") == 1
+    output = {"the-prepared-dataset": dataset, "inside-the-dataset": dataset / "out", "holding-the-dataset": dataset.parent,
+              "another-directory": tmp_path / "notes"}[case]
+    if case == "another-directory":
+        output.mkdir()
+        (output / "notes.txt").write_text("mine\n")
+    before = _snapshot(tmp_path)
+    code = main(["extract", "--server", server.url, "--dataset", str(dataset), "--output", str(output),
+                 "--health-timeout-s", "30"])
+    err = capsys.readouterr().err
+    assert code == 2, err  # issue 39, item 4: prepare's errors.jsonl was replaced by an empty one
+    assert f"--output {output} " in err and "choose" in err
+    assert _snapshot(tmp_path) == before and not (dataset / "out").exists()  # nothing written, no extract.lock either
+
+
+def _prepared_for_another_model(model_dir, tmp_path: Path) -> tuple[Path, Path]:
+    """Conversations prepared with the tiny Llama's tokenizer (same vocabulary size as the tiny DeepSeek, so every id is
+    in range for it): what a new user gets by preparing with one model and serving another (issue 39, item 2)."""
+    prepared_with = model_dir("llama")
+    conversations = make_sample_conversations(tmp_path / "conversations.jsonl", num=4, seed=5)
+    prepared = tmp_path / "prepared"
+    _prepare(prepared_with, conversations, prepared)
+    return prepared_with, prepared
+
+
+def test_a_dataset_prepared_for_another_model_is_refused_before_any_request(
+    model_dir, start_server, tmp_path: Path, capsys
+) -> None:
+    served = model_dir("deepseek_v3")
+    server = start_server(served)
+    prepared_with, prepared = _prepared_for_another_model(model_dir, tmp_path)
+    fingerprint = json.loads((prepared / "prepare.json").read_text())["settings"]["tokenizer_fingerprint"]
+    output = tmp_path / "out"
+    args = ["extract", "--server", server.url, "--dataset", str(prepared), "--output", str(output)]
+    code = main([*args, "--health-timeout-s", "30"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert str(prepared_with) in err and fingerprint[:16] in err  # the dataset's tokenizer
+    assert str(served) in err  # the server's model
+    assert f"--model {served}" in err  # the fix
+    assert not list(Path(server.dump_dir).iterdir()) and not (output / "identity.json").exists()  # nothing was sent
+
+
+def test_the_pipeline_stops_on_a_dataset_prepared_for_another_model(model_dir, start_server, tmp_path: Path, capsys) -> None:
+    import yaml
+
+    server = start_server(model_dir("deepseek_v3"))
+    conversations = make_sample_conversations(tmp_path / "conversations.jsonl", num=4, seed=5)
+    pipeline = tmp_path / "pipeline.yaml"
+    pipeline.write_text(yaml.safe_dump({
+        "prepare": {"model": str(model_dir("llama")), "dataset": str(conversations), "output": "prepared",
+                    "like": "speculators", "progress": False},
+        "extract": {"server": server.url, "output": "out", "health_timeout_s": 30},
+    }))
+    code = main(["pipeline", "--config", str(pipeline)])
+    captured = capsys.readouterr()
+    assert code == 2, captured.err
+    assert "PIPELINE COMPLETE" not in captured.out + captured.err
+    assert "prepare the conversations again" in captured.err
+
+
+def test_an_uncreatable_output_exits_2_naming_it(model_dir, start_server, tmp_path: Path, capsys) -> None:
+    """Issue 39, item 7: an --output under a regular file (uncreatable, root included) was a NotADirectoryError
+    traceback, exit 1, once the server had answered."""
+    server = start_server(model_dir("deepseek_v3"))
+    dataset = tmp_path / "ids.jsonl"
+    dataset.write_text(json.dumps({"input_ids": [1, 2, 3, 4]}) + "\n")
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory\n")
+    output = blocker / "out"
+    code = main(["extract", "--server", server.url, "--dataset", str(dataset), "--output", str(output),
+                 "--health-timeout-s", "30"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"ConfigError: cannot create output {output}: {blocker} is a file, not a directory" in err
+    assert "--output" in err and "Traceback" not in err
+    # the run itself (the pipeline's extract step starts it without the CLI): the same error, not an OSError
+    with pytest.raises(ConfigError, match=re.escape(f"cannot create output {output}: {blocker} is a file")):
+        run_extraction(server.url, dataset, output)

@@ -142,7 +142,7 @@ def test_cli_config_errors_name_the_input_and_the_fix(tmp_path: Path) -> None:
     assert result.returncode == 2 and "ConfigError" in result.stderr and "concurency" in result.stderr
     assert "Traceback" not in result.stderr
     result = cli("extract", "--dataset", "d.jsonl", "--output", "o", "--shard-index", "2", "--num-shards", "2")
-    assert result.returncode == 2 and "shard_index 2 must be below num_shards 2" in result.stderr
+    assert result.returncode == 2 and "shard_index 2 (--shard-index) must be below num_shards 2 (--num-shards)" in result.stderr
     result = cli("extract", "--output", "o")
     assert result.returncode == 2 and "dataset (--dataset) is required" in result.stderr
     result = cli(

@@ -62,8 +62,9 @@ def test_every_row_is_accounted_for_in_order_with_its_schema_and_metadata(fake: 
     counts = summary.counts
     assert summary.status == "complete"
     assert counts["ok"] + counts["failed"] + counts["skipped"] == counts["rows_in"] == len(rows)
-    assert counts["failed_by_reason"] == {"no assistant turn": 1, "no user turn": 1, "not_json": 1,
-                                          "not an object": 1, "server refused": 1, "unknown role": 1}
+    assert counts["failed_by_reason"] == {"no user turn": 1, "not_json": 1, "not an object": 1, "server refused": 1,
+                                          "unknown role": 1}
+    assert counts["skipped_by_reason"] == {"no assistant turn": 1}  # nothing to regenerate: no failure (issue 39)
     out = _lines(tmp_path / "out.jsonl")
     ok_inputs = [r for r in rows if isinstance(r, dict) and r not in BAD_ROWS]
     assert [r["id"] for r in out] == [r["id"] for r in ok_inputs]  # input order, id kept
@@ -169,13 +170,13 @@ def test_a_server_that_does_not_decode_stops_the_run_before_any_row(fake: FakeSG
 
 def test_a_run_where_rows_failed_exits_3(fake: FakeSGLang, tmp_path: Path, capsys: Any) -> None:
     good = [json.loads(line) for line in make_sample_conversations(tmp_path / "c.jsonl", 2, 10).read_text().splitlines()]
-    dataset = write_rows(tmp_path / "in.jsonl", [good[0], BAD_ROWS[4], good[1]])
+    dataset = write_rows(tmp_path / "in.jsonl", [good[0], BAD_ROWS[3], good[1]])
     args = ["regenerate", "--server", fake.url, "--dataset", str(dataset), "--output", str(tmp_path / "out.jsonl"),
             "--no-progress"]
     assert main(args) == 3  # issue 29, item 5: the README's "some rows failed"
     captured = capsys.readouterr()
-    assert "COMPLETE" in captured.out and "failed 1 (no assistant turn 1)" in captured.out
-    assert "1 rows failed (no assistant turn 1)" in captured.err and "errors.jsonl" in captured.err
+    assert "COMPLETE" in captured.out and "failed 1 (unknown role 1)" in captured.out
+    assert "1 rows failed (unknown role 1)" in captured.err and "errors.jsonl" in captured.err
     assert len(_lines(tmp_path / "out.jsonl")) == 2
     assert main(args) == 3 and "1 rows failed" in capsys.readouterr().err  # ALREADY COMPLETE says it again
 
@@ -193,6 +194,27 @@ def test_an_input_with_no_conversation_is_refused_before_any_request(fake: FakeS
     assert f"--dataset {dataset} " in err and "nothing was sent" in err and "regenerate answers conversations" in err
     assert ("token rows (input_ids" in err) == bool(content.strip())
     assert fake.requests == [] and not out.exists() and not (tmp_path / "out.jsonl.journal").exists()
+
+
+@pytest.mark.parametrize("case", ["the-input", "a-hard-link-of-the-input", "an-unrelated-file"])
+def test_an_output_that_is_the_input_or_not_regenerates_is_refused_before_any_request(
+    fake: FakeSGLang, tmp_path: Path, case: str, capsys: Any
+) -> None:
+    dataset = make_sample_conversations(tmp_path / "c.jsonl", 3, 12)
+    given = dataset.read_bytes()
+    out = {"the-input": dataset, "a-hard-link-of-the-input": tmp_path / "link.jsonl",
+           "an-unrelated-file": tmp_path / "notes.jsonl"}[case]
+    if case == "a-hard-link-of-the-input":
+        os.link(dataset, out)
+    elif case == "an-unrelated-file":
+        out.write_text('{"keep": "me"}\n')
+    kept = out.read_bytes()
+    code = main(["regenerate", "--server", fake.url, "--dataset", str(dataset), "--output", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2, err  # issue 39, item 1: the input lost a row; an unrelated file was overwritten
+    assert f"--output {out} " in err and "another --output" in err
+    assert fake.requests == [] and dataset.read_bytes() == given and out.read_bytes() == kept
+    assert not out.with_name(out.name + ".journal").exists()
 
 
 def test_parquet_output_in_the_input_schema(fake: FakeSGLang, tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from hsextract.contract.layers import capture_indices
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.exit_codes import EXIT_CONFIG, EXIT_FATAL, EXIT_INTERRUPTED
 from hsextract.extract.config import ExtractConfig
+from hsextract.paths import check_creatable
 from hsextract.ports import check_port_free
 
 log = logging.getLogger("hsextract")
@@ -146,6 +147,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     from hsextract.extract.merge import merge_outputs
     from hsextract.extract.verify import verify_output
 
+    check_creatable(args.into, "merge target", "--into")  # before the shards are read or gathered over SSH
     shards: list[Path] = list(args.shards)
     if args.inventory is not None:
         from hsextract.ops.fleet import shard_dirs_from_inventory

@@ -19,13 +19,14 @@ import shlex
 import types
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 from hsextract.contract.rids import check_prefix
 from hsextract.errors import ConfigError
+from hsextract.paths import check_creatable
 
 #: keys a release removed, and what replaced them: said instead of "unknown key"
 RETIRED_KEYS = {
@@ -39,6 +40,10 @@ class StrictConfig(BaseModel):
     """A command's options: unknown keys refused, frozen once validated."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: the path options the command creates (an output): :func:`load_config` refuses one that cannot be created
+    #: (a file where a directory should be, a directory this user cannot write) before any work starts
+    created_paths: ClassVar[tuple[str, ...]] = ("output",)
 
 
 def _valid_prefix(value: str) -> str:
@@ -147,26 +152,52 @@ def load_config(model: type[StrictConfig], args: argparse.Namespace) -> Any:
     data: dict[str, Any] = {}
     config_path: Path | None = getattr(args, "config", None)
     if config_path is not None:
-        try:
-            loaded = yaml.safe_load(Path(config_path).read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file {config_path} does not exist; fix --config") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {config_path} is not valid YAML: {exc}") from None
+        loaded = read_yaml_file(config_path, "config file")
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {config_path} must hold a mapping of option: value")
         data.update(loaded or {})
     for name in model.model_fields:
         if name in vars(args):
             data[name] = vars(args)[name]
+    config = _validate(model, data, config_path)
+    for name in model.created_paths:
+        value = getattr(config, name, None)
+        if isinstance(value, Path):
+            flag = "--" + name.replace("_", "-")
+            check_creatable(value, name, f"{flag} ({name} in a --config file)")
+    return config
+
+
+def read_yaml_file(path: Path, what: str) -> Any:
+    """What the YAML file ``path`` given with ``--config`` holds; ConfigError naming it (``what``: "config file")
+    and the flag when it is missing, a directory, unreadable or not YAML."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {path} does not exist; fix --config") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what} {path} is a directory, not a YAML file; give --config the file itself") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {path} is not UTF-8 text ({exc.reason} at byte {exc.start}); fix --config") from None
+    except OSError as exc:
+        raise ConfigError(f"{what} {path} cannot be read: {exc.strerror or exc}; fix --config") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{what} {path} is not valid YAML: {exc}") from None
+
+
+def _validate(model: type[StrictConfig], data: dict[str, Any], config_path: Path | None) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
-            where = ".".join(str(p) for p in error["loc"]) or "config"
+            where = ".".join(str(p) for p in error["loc"])
             flag = "--" + where.replace("_", "-")
-            if error["type"] == "missing":
+            if not where:  # a check across options (a model validator): its message names them, the input is the config
+                problems.append(str(error["msg"]).removeprefix("Value error, "))
+            elif error["type"] == "missing":
                 problems.append(f"{where} ({flag}) is required; set it")
             elif error["type"] == "extra_forbidden":
                 # a key no flag has: name the key and where it came from, and the nearest real key

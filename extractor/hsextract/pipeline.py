@@ -8,9 +8,11 @@ The file has one section per step, each holding that step's own options (the key
     extract: {server: http://127.0.0.1:30000, output: work/pipeline/out}  # dataset: prepare's output
     verify: true
 
-Every section, and every output already there (another run's prepared dataset or extraction:
-:mod:`hsextract.pipeline_checks`), is checked before the first step runs, so a typo in ``extract``
-stops the pipeline before hours of regeneration. Relative paths are the YAML file's folder's.
+Every section, every output already there (another run's prepared dataset or extraction:
+:mod:`hsextract.pipeline_checks`) and prepare's SpecForge template (resolved from the model's chat template: a
+template that fits several registry entries needs ``specforge_template``) are checked before the first step
+runs, so a typo in ``extract`` stops the pipeline before hours of regeneration. Relative paths are the YAML
+file's folder's.
 ``regenerate`` is optional (conversations used as they are). A step's
 ``dataset`` defaults to the previous step's output, ``prepare.format`` to ``extract.format`` and
 ``extract.format`` to prepare's ``like`` (two that differ are refused). Each
@@ -25,17 +27,17 @@ from __future__ import annotations
 import json
 import logging
 import typing
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import Field, ValidationError
 
-from hsextract.config import StrictConfig
+from hsextract.config import StrictConfig, read_yaml_file
 from hsextract.errors import ConfigError
 from hsextract.extract.config import ExtractConfig, format_clash
-from hsextract.pipeline_checks import check_extract_output, check_prepare_output
+from hsextract.pipeline_checks import check_extract_output, check_outputs_creatable, check_prepare_output, check_prepare_template
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,7 @@ class Steps:
     prepare: Any  # PrepareConfig
     extract: ExtractConfig
     verify: bool
+    config_path: Path | None = None  # the YAML file, for the messages of the checks run_pipeline makes first
 
 
 def _section(model: type[StrictConfig], name: str, data: dict[str, Any], path: Path) -> Any:
@@ -86,12 +89,10 @@ def load_pipeline(path: Path) -> Steps:
     from hsextract.prepare.config import PrepareConfig
     from hsextract.regen.config import RegenerateConfig
 
-    try:
-        loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"pipeline config {path} does not exist; fix --config") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"pipeline config {path} is not valid YAML: {exc}") from None
+    loaded = read_yaml_file(path, "pipeline config")
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"pipeline config {path} holds a {type(loaded).__name__}, not a mapping: it must hold a mapping "
+                          "with sections regenerate (optional), prepare, extract and verify (optional); fix --config")
     config: PipelineConfig = _section(PipelineConfig, "pipeline", loaded if isinstance(loaded, dict) else {}, path)
     folder = Path(path).resolve().parent
     regenerate = None
@@ -100,7 +101,7 @@ def load_pipeline(path: Path) -> Steps:
     prepare_data = resolve_paths(PrepareConfig, config.prepare, folder)
     if regenerate is not None:
         prepare_data.setdefault("dataset", str(regenerate.output))
-    if "format" in config.extract:
+    if "format" in config.extract and "like" not in prepare_data:  # a like that differs: format_clash below
         prepare_data.setdefault("format", config.extract["format"])
     prepare = _section(PrepareConfig, "prepare", prepare_data, path)
     extract_data = {"dataset": str(prepare.output), **resolve_paths(ExtractConfig, config.extract, folder)}
@@ -109,9 +110,10 @@ def load_pipeline(path: Path) -> Steps:
     elif config.extract["format"] != prepare.convention:
         raise ConfigError(f"{path}: " + format_clash(config.extract["format"], prepare.convention, prepare.output))
     extract = _section(ExtractConfig, "extract", extract_data, path)
+    check_outputs_creatable({"regenerate": regenerate, "prepare": prepare, "extract": extract}, path)
     check_prepare_output(prepare, path)  # before the first step: not after hours of regeneration
     check_extract_output(extract, prepare, path)
-    return Steps(regenerate, prepare, extract, config.verify)
+    return Steps(regenerate, prepare, extract, config.verify, Path(path))
 
 
 def sources(steps: Steps) -> dict[str, Any]:
@@ -129,6 +131,29 @@ def sources(steps: Steps) -> dict[str, Any]:
     return found
 
 
+def _left_out(step: str, rows_in: int, by_reason: dict[str, int], errors: Path) -> str:
+    """A line of the final summary: the rows ``step`` left out of its output, by reason ('' when none)."""
+    count = sum(by_reason.values())
+    if not count:
+        return ""
+    reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(by_reason.items()))
+    return f"\n  {step} left {count} of {rows_in} rows out ({reasons}): see {errors}"
+
+
+def _rows_left_out(steps: Steps, regenerated: dict[str, Any], prepared: dict[str, Any]) -> str:
+    """What regenerate and prepare left out: a later step never sees those rows, so only this says so."""
+    from hsextract.prepare.provenance import ERRORS_FILE as PREPARE_ERRORS
+    from hsextract.regen.journal import ERRORS_FILE as REGENERATE_ERRORS
+
+    lines = ""
+    if steps.regenerate is not None:
+        by_reason = Counter(regenerated.get("failed_by_reason", {})) + Counter(regenerated.get("skipped_by_reason", {}))
+        lines += _left_out("regenerate", regenerated.get("rows_in", 0), by_reason,
+                           steps.regenerate.journal_dir / REGENERATE_ERRORS)
+    return lines + _left_out("prepare", prepared.get("rows_in", 0), prepared.get("dropped", {}),
+                             steps.prepare.output / PREPARE_ERRORS)
+
+
 def run_pipeline(steps: Steps) -> int:
     """Run the steps; the exit code of the first that did not complete, else 0 (verify: 1 on a bad output)."""
     from hsextract.contract.states import RunStatus
@@ -139,14 +164,19 @@ def run_pipeline(steps: Steps) -> int:
     from hsextract.prepare.run import run_prepare
     from hsextract.regen.run import ALREADY_COMPLETE, COMPLETE, INTERRUPTED, Regeneration, completed
 
-    if steps.regenerate is not None and completed(steps.regenerate) is not None:
+    # prepare's SpecForge template, from the model's own tokenizer, before any step: not after hours of regeneration
+    check_prepare_template(steps.prepare, steps.config_path or Path("pipeline config"))
+    regenerated: dict[str, Any] = {}  # regenerate's counts: the rows it left out are said at the end
+    if steps.regenerate is not None and (done := completed(steps.regenerate)) is not None:
         log.info("pipeline: regenerate already complete with these settings (%s); not contacting its server",
                  steps.regenerate.output)
+        regenerated = done.get("counts") or {}
     elif steps.regenerate is not None:
         summary = Regeneration(steps.regenerate).run()
         log.info("pipeline: regenerate %s (%s)", summary.status, summary.output)
         if summary.status not in (COMPLETE, ALREADY_COMPLETE):
             return EXIT_INTERRUPTED if summary.status == INTERRUPTED else EXIT_INCOMPLETE
+        regenerated = summary.counts
     prepared = run_prepare(steps.prepare)
     log.info("pipeline: prepare %s (%s)", "already complete" if prepared.already_complete else "complete",
              prepared.output)
@@ -168,5 +198,5 @@ def run_pipeline(steps: Steps) -> int:
         if not report.ok:
             return EXIT_FATAL
     print(f"PIPELINE COMPLETE: {steps.extract.output} (data_config.json sources: "
-          f"{json.dumps(sorted(sources(steps)))})")
+          f"{json.dumps(sorted(sources(steps)))})" + _rows_left_out(steps, regenerated, prepared.counts))
     return 0

@@ -8,10 +8,19 @@ from pathlib import Path
 from typing import Any
 
 from hsextract.errors import ConfigError
+from hsextract.paths import check_creatable
 
 
 def _differences(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
     return [f"{key} {recorded[key]!r} (this pipeline: {value!r})" for key, value in wanted.items() if recorded[key] != value]
+
+
+def check_outputs_creatable(steps: dict[str, Any], config_path: Path) -> None:
+    """ConfigError when a step's ``output`` (``steps``: section name -> its config, None: no such step) cannot be
+    created: a file where a directory should be, a directory this user cannot write."""
+    for name, step in steps.items():
+        if step is not None:
+            check_creatable(Path(step.output), f"section {name}'s output", f"{name}.output in {config_path}")
 
 
 def check_prepare_output(prepare: Any, config_path: Path) -> None:
@@ -40,6 +49,27 @@ def check_prepare_output(prepare: Any, config_path: Path) -> None:
             f"({'; '.join(differences)}; see its {PROVENANCE_FILE}); nothing was run. Choose another output, or remove it "
             "to prepare again"
         )
+
+
+def check_prepare_template(prepare: Any, config_path: Path) -> str | None:
+    """The SpecForge registry template prepare will use (None: speculators), resolved as prepare resolves it, from the
+    model's tokenizer and chat template; ConfigError naming the section's key ``specforge_template`` when the model's
+    template fits several entries or none, or the key names one prepare does not handle. A model whose tokenizer
+    cannot be loaded stops here too, before regeneration rather than after it."""
+    from hsextract.prepare.model_tokenizer import load_model_tokenizer
+    from hsextract.prepare.registry import resolve_template
+
+    where = f"{config_path} section prepare"
+    if prepare.convention != "specforge":
+        if prepare.specforge_template is not None:
+            raise ConfigError(f"{where}: specforge_template {prepare.specforge_template} applies to like specforge only; "
+                              "speculators renders with the model's own template: drop it. Nothing was run")
+        return None
+    try:
+        tokenizer = load_model_tokenizer(prepare.model, prepare.chat_template, prepare.trust_remote_code).tokenizer
+        return resolve_template(prepare.specforge_template, tokenizer, str(prepare.model), "specforge_template:").name
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}; nothing was run") from None
 
 
 def check_extract_output(extract: Any, prepare: Any, config_path: Path) -> None:

@@ -80,3 +80,31 @@ def test_dump_filesystem_full_mid_run(extra: tuple[str, str], models, start_serv
     rerun = run_extract(server.url, dataset, output)
     assert rerun.returncode == 0, rerun.stderr
     assert_same_output(output, reference)
+
+
+@pytest.mark.parametrize("fmt", ["specforge", "speculators"])
+def test_output_disk_full_blames_the_local_path_not_the_server(fmt: str, models, start_server, tmpfs, tmp_path: Path) -> None:
+    """Issue 39, item 12: the output filesystem fills up completely (not even data_config.json fits). The last
+    line names the output's path and the fix, never the server; the summary does not point at a data_config.json
+    that was not written."""
+    server = start_server(models["main"])
+    dataset = write_rows(tmp_path / "data.jsonl", make_rows(20, seed=14))
+    disk = tmpfs("outfs", 6 << 20)
+    output = disk / "out"
+
+    process = start_extract(server.url, dataset, output, "--format", fmt)
+    wait_for(lambda: samples_written(output) >= 3, what="3 samples", process=process)
+    filler = fill(disk, 0)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 1, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert "DiskFullError" in last and str(output) in last and "free space there" in last, last
+    assert "ServerError" not in stderr and "internal error" not in stderr and "Traceback" not in stderr, stderr
+    assert not (output / "data_config.json").exists()
+    assert f"{output}/data_config.json" not in stdout, stdout
+    assert "data_config.json could not be written" in stdout, stdout
+
+    filler.unlink()
+    rerun = run_extract(server.url, dataset, output, "--format", fmt)
+    assert rerun.returncode == 0, rerun.stderr
+    assert json.loads((output / "data_config.json").read_text())["status"] == "complete"

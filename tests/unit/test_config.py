@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -170,3 +172,134 @@ def test_a_retired_key_says_what_replaced_it(tmp_path: Path) -> None:
     message = str(caught.value)
     assert f"'spot_check_tolerance' in {config_file} is no longer an option" in message
     assert "spot_check_margin" in message and "remove the key" in message
+
+
+# -- issue 39: what a new user hit --------------------------------------------------------------------------------
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _hsextract(*argv: str) -> subprocess.CompletedProcess[str]:
+    """The real CLI as a process: what the user types, with its exit code and its stderr."""
+    return subprocess.run([str(REPO / ".venv/bin/hsextract"), *argv], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("command", ["extract", "pipeline", "prepare", "serve", "regenerate", "launch-sglang"])
+def test_config_naming_a_directory_exits_2_with_a_message(tmp_path: Path, command: str) -> None:
+    """Issue 39, item 7: ``--config DIR`` was an IsADirectoryError traceback (exit 1) on every command."""
+    result = _hsextract(command, "--config", str(tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "IsADirectoryError" not in result.stderr, result.stderr
+    assert f"{tmp_path} is a directory, not a YAML file; give --config the file itself" in result.stderr
+
+
+def _a_file(tmp_path: Path) -> Path:
+    """A regular file: a path under it can be created by nobody, root included."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory\n")
+    return blocker
+
+
+@pytest.mark.parametrize(
+    ("command", "what"),
+    [
+        (["prepare", "--model", "{tmp}/model", "--dataset", "{tmp}/c.jsonl", "--output", "{file}/out"], "output"),
+        (["regenerate", "--server", "http://127.0.0.1:9", "--dataset", "{tmp}/c.jsonl", "--output", "{file}/r.jsonl"],
+         "output"),
+        (["serve", "--model", "{tmp}/model", "--dump-dir", "{file}/dumps", "--port", "{port}"], "dump dir"),
+        (["launch-sglang", "--model-path", "{tmp}/model", "--architecture", "llama", "--num-hidden-layers", "8",
+          "--dump-dir", "{file}/dumps", "--python", sys.executable, "--port", "{port}"], "dump dir"),
+        (["merge", "{tmp}/shard0", "{tmp}/shard1", "--into", "{file}/merged"], "merge target"),
+    ],
+    ids=["prepare", "regenerate", "serve", "launch-sglang", "merge"],
+)
+def test_an_uncreatable_output_exits_2_naming_it(tmp_path: Path, command: list[str], what: str) -> None:
+    """Issue 39, item 7: an output, dump dir or merge target under a regular file was an OSError traceback (exit 1)."""
+    from tests.helpers import free_port
+
+    blocker = _a_file(tmp_path)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}\n")  # serve checks the dump dir before it loads the model
+    (tmp_path / "c.jsonl").write_text('{"conversations": [{"from": "human", "value": "hi"}]}\n')
+    argv = [part.format(tmp=tmp_path, file=blocker, port=free_port()) for part in command]
+    result = _hsextract(*argv)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert f"ConfigError: cannot create {what} {blocker}/" in result.stderr, result.stderr
+    assert f"{blocker} is a file, not a directory" in result.stderr, result.stderr
+
+
+def test_an_uncreatable_pipeline_output_stops_it_at_load(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from hsextract.cli import main
+
+    blocker = _a_file(tmp_path)
+    path = tmp_path / "pipeline.yml"
+    path.write_text(f"prepare: {{model: m, dataset: c.jsonl, output: p}}\n"
+                    f'extract: {{server: "http://127.0.0.1:1", output: {blocker}/out}}\n')
+    assert main(["pipeline", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot create section extract's output {blocker}/out: {blocker} is a file" in err
+    assert f"extract.output in {path}" in err
+
+
+def test_a_bad_shard_index_names_both_flags_and_the_range(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 39, item 13: it was labelled ``config (--config)`` and dumped the whole configuration."""
+    from hsextract.cli import main
+
+    code = main(["extract", "--dataset", str(tmp_path / "d.jsonl"), "--output", str(tmp_path / "o"),
+                 "--shard-index", "5", "--num-shards", "2"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "--shard-index" in err and "--num-shards" in err and "give --shard-index 0 to 1" in err
+    assert "config (--config)" not in err and "'dataset'" not in err, err
+
+
+def test_a_list_shaped_pipeline_file_says_it_must_hold_the_sections(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39, item 13: a top-level list read "prepare: Field required"."""
+    from hsextract.cli import main
+
+    path = tmp_path / "pipeline.yml"
+    path.write_text("- prepare: {model: m, output: p}\n- extract: {output: o}\n")
+    assert main(["pipeline", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"pipeline config {path} holds a list, not a mapping" in err
+    assert "sections regenerate (optional), prepare, extract and verify" in err
+    assert "Field required" not in err
+
+
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_verify_names_a_path_that_is_no_output_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    """Issue 39, item 13: ``verify /nonexistent`` said "has no data_config.json nor identity.json"; ``verify FILE``
+    told to rerun the extraction."""
+    from hsextract.cli import main
+
+    path = tmp_path / "out"
+    if kind == "file":
+        path.write_text("x\n")
+    assert main(["verify", str(path)]) == 2
+    err = capsys.readouterr().err
+    expected = "does not exist" if kind == "missing" else "is a file, not a directory"
+    assert f"ConfigError: {path} {expected}; give hsextract verify" in err, err
+    assert "data_config.json" not in err and "rerun the extraction" not in err, err
+
+
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_serve_names_a_model_path_that_does_not_exist(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    """Issue 39, item 13: ``serve --model /nonexistent`` said "has no config.json"."""
+    from hsextract.cli import main
+    from tests.helpers import free_port
+
+    model = tmp_path / "model"
+    if kind == "file":
+        model.write_text("x\n")
+    code = main(["serve", "--model", str(model), "--dump-dir", str(tmp_path / "d"), "--port", str(free_port())])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    expected = "does not exist" if kind == "missing" else "is a file, not a directory"
+    assert f"ConfigError: model {model} {expected}; give --model" in err, err
+    assert "config.json;" not in err, err

@@ -39,3 +39,24 @@ def test_pipeline_examples_load_and_keep_clear_of_the_make_targets_paths(doc: Pa
         PipelineConfig.model_validate(example)
         outputs = {str(section["output"]) for name, section in example.items() if isinstance(section, dict)}
         assert not outputs & taken, f"{doc.name}: {sorted(outputs & taken)} collide with make extract / make regenerate"
+
+
+def _prepares_like_specforge(example: dict[str, object]) -> bool:
+    prepare, extract = example["prepare"], example["extract"]
+    assert isinstance(prepare, dict) and isinstance(extract, dict)
+    return (prepare.get("like") or prepare.get("format") or extract.get("format") or "specforge") == "specforge"
+
+
+def test_the_readmes_specforge_examples_name_the_registry_template() -> None:
+    """Issue 39 item 6: the README's `like: specforge` pipeline, and the drafter section's `prepare --like specforge`,
+    stopped on a model whose chat template fits several SpecForge registry templates; each names its template."""
+    text = (ROOT / "README.md").read_text()
+    specforge = [example for example in pipeline_examples(text) if _prepares_like_specforge(example)]
+    assert specforge, "the README has no specforge pipeline example"
+    for example in specforge:
+        assert "specforge_template" in example["prepare"], example  # type: ignore[operator]
+    commands = [line for block in re.findall(r"```bash\n(.*?)```", text, re.S) for line in block.splitlines()
+                if "hsextract prepare " in line and "--like specforge" in line]  # fmt: skip
+    assert commands, "the README's drafter section has no prepare --like specforge"
+    for line in commands:
+        assert "--specforge-template" in line, line

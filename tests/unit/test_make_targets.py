@@ -4,10 +4,14 @@ the default keeps the server logs of the runs before it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,3 +74,69 @@ def test_the_default_run_uses_those_paths_and_keeps_the_last_server_logs(tmp_pat
     assert [(tmp_path / "work" / name).read_text().strip() for name in logs] == [
         "log of 4", "log of 3", "log of 2", "log of 1"
     ]
+
+
+# -- issue 39 items 8 and 14: make status and make logs look where make extract runs ---------------------------------
+@contextlib.contextmanager
+def _answering(body: str) -> Iterator[int]:
+    """A local HTTP server answering every GET with 200 and ``body``; yields its port."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # the name http.server calls
+            data = body.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _make(target: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    # -o: .venv is set up already; HSX_INVENTORY_CONFIGURED= and INVENTORY=: no inventory, this machine
+    command = ["make", "-s", "--no-print-directory", "-C", str(ROOT), "-o", ".venv/.setup-done", target,
+               "HSX_INVENTORY_CONFIGURED=", "INVENTORY=", *args]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})})
+
+
+METRICS = 'hsextract_samples_planned 2000\nhsextract_samples_total{status="ok"} 1007\nhsextract_running 1\n'
+
+
+def test_make_status_takes_the_ports_and_output_make_extract_takes(tmp_path: Path) -> None:
+    """`HSX_PORT=... HSX_METRICS_PORT=... make extract OUTPUT=...` running: make status said the server was down
+    and showed the old work/output."""
+    output = tmp_path / "mine"
+    output.mkdir()
+    with _answering("ok") as server_port, _answering(METRICS) as metrics_port:
+        done = _make("status", f"OUTPUT={output}", f"WORK={tmp_path / 'work'}",
+                     env={"HSX_PORT": str(server_port), "HSX_METRICS_PORT": str(metrics_port)})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "server health (/health_generate): 200 OK" in done.stdout, done.stdout
+    assert "extraction: running; 1007/2000 samples settled" in done.stdout, done.stdout
+    assert f"{output} (on " in done.stdout and "work/output" not in done.stdout, done.stdout
+    # WORK alone moves the output as it moves make extract's (WORK/output)
+    port = str(_free_port())
+    done = _make("status", f"WORK={tmp_path / 'work'}", env={"HSX_PORT": port, "HSX_METRICS_PORT": port})
+    assert f"output {tmp_path / 'work' / 'output'}: no such directory" in done.stdout, done.stdout
+
+
+def test_make_logs_without_an_inventory_shows_make_extracts_server_log(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "server.log").write_text("".join(f"server line {i}\n" for i in range(1, 81)))
+    port = str(_free_port())
+    done = _make("logs", f"WORK={work}", "LINES=5", env={"HSX_PORT": port, "HSX_METRICS_PORT": port})
+    assert done.returncode == 0, done.stderr
+    assert f"-- last log lines of {work}/server.log:" in done.stdout, done.stdout
+    assert "server line 76" in done.stdout and "server line 80" in done.stdout, done.stdout
+    assert "server line 75" not in done.stdout and "No entries" not in done.stdout, done.stdout
+    assert "last log lines of hsextract-server" not in done.stdout, done.stdout

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -87,3 +88,45 @@ def test_relative_paths_are_the_yaml_files_folders_from_any_directory(tmp_path: 
     assert steps.prepare.dataset == folder / "work/regenerated.jsonl"
     assert steps.extract.dataset == folder / "work/prepared" and steps.extract.output == folder / "work/out"
     assert steps.extract.dump_dir == Path("/dev/shm/x")
+
+
+def test_a_model_whose_template_fits_several_stops_the_pipeline_before_regeneration_naming_the_yaml_key(
+    tmp_path: Path, monkeypatch: Any, capsys: Any
+) -> None:
+    """Issue 39 item 6: the README's `like: specforge` pipeline regenerated every row, then prepare stopped asking
+    for --specforge-template, a flag the YAML file has no such spelling of."""
+    import hsextract.regen.run as regen_run
+    from hsextract.dev.tokenizer import write_tokenizer
+
+    model = write_tokenizer(tmp_path / "model", "chatml", 1024)  # ChatML fits qwen, lfm, ...
+    regenerated: list[object] = []
+
+    class Regeneration:  # records that the step started, and stops the pipeline there
+        def __init__(self, config: object) -> None:
+            regenerated.append(config)
+
+        def run(self) -> SimpleNamespace:
+            return SimpleNamespace(status=regen_run.INTERRUPTED, output="work/regenerated.jsonl")
+
+    monkeypatch.setattr(regen_run, "Regeneration", Regeneration)
+    path = _write(tmp_path / "pipeline.yaml", {
+        "regenerate": {"server": "http://127.0.0.1:9", "dataset": "conv.jsonl", "output": "work/regenerated.jsonl"},
+        "prepare": {"model": str(model), "output": "work/prepared", "like": "specforge"},
+        "extract": {"server": "http://127.0.0.1:9", "output": "work/out"},
+    })  # fmt: skip
+    code = main(["pipeline", "--config", str(path)])
+    err = capsys.readouterr().err
+    assert regenerated == [], "the regeneration ran before the template was checked"
+    assert code == 2
+    assert "fits several SpecForge registry templates (qwen, lfm, " in err and "section prepare" in err, err
+    assert "specforge_template: NAME" in err and "--specforge-template" not in err, err
+
+    # named: the check passes it (and a name prepare does not know is refused in the YAML's spelling too)
+    for name, refused in (("qwen", False), ("nope", True)):
+        regenerated.clear()
+        path.write_text(path.read_text().replace("like: specforge", f"like: specforge\n  specforge_template: {name}"))
+        code = main(["pipeline", "--config", str(path)])
+        err = capsys.readouterr().err
+        assert ("specforge_template: 'nope' is not a SpecForge 0.2.0 registry template" in err) is refused, err
+        assert (regenerated != []) is not refused and (code == 2) is refused
+        path.write_text(path.read_text().replace(f"\n  specforge_template: {name}", ""))

@@ -25,11 +25,14 @@ from pathlib import Path
 
 from hsextract.contract.states import ErrorReason
 from hsextract.errors import ConfigError, DumpError, UnsafeDumpDirError
+from hsextract.paths import cannot_create
 
 log = logging.getLogger(__name__)
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: how a user chooses another dump root
+DUMP_DIR_SETTING = "--dump-dir (dump_dir in a --config file)"
 #: not writable by group or others
 _FOREIGN_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
@@ -74,9 +77,16 @@ def prepare_dump_root(path: Path) -> Path:
     user, or one writable by group or others."""
     path = Path(path)
     if not os.path.lexists(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileExistsError):  # made meanwhile by someone else: the checks below decide
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file where a parent should be, a read-only filesystem: the path and the fix
+            raise cannot_create(path, "dump dir", DUMP_DIR_SETTING, exc) from None
+        try:
             os.mkdir(path, 0o700)
+        except FileExistsError:  # made meanwhile by someone else: the checks below decide
+            pass
+        except OSError as exc:
+            raise cannot_create(path, "dump dir", DUMP_DIR_SETTING, exc) from None
     st = _lstat_root(path)
     if st.st_uid != os.geteuid():
         raise UnsafeDumpDirError(

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from hsextract.contract.context_length import context_length_of
 from hsextract.contract.hook_config import find_hook_config
 from hsextract.errors import ServerError
 
@@ -47,6 +48,8 @@ class ServerInfo:
     # SGLang: the storage its dump hook writes for every request (MODEL_DTYPE_STORAGE or
     # "float8_e4m3fn"), from the hook's config; None: not said
     hook_storage: str | None = None
+    # the model's context as served (contract.context_length): prompts must be shorter; None: unknown
+    context_length: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -64,6 +67,7 @@ class ServerInfo:
             "provides_final_prenorm": self.provides_final_prenorm,
             "final_prenorm_per_request": self.final_prenorm_per_request,
             "fp8_per_request": self.fp8_per_request,
+            "context_length": self.context_length,
         }
 
     @classmethod
@@ -110,4 +114,5 @@ class ServerInfo:
             final_prenorm_per_request=info.get("final_prenorm_per_request"),
             fp8_per_request=info.get("fp8_per_request"),
             hook_storage=None if hook is None else (hook[0].storage or MODEL_DTYPE_STORAGE),
+            context_length=context_length_of(info, model_config),
         )

@@ -64,6 +64,7 @@ class ErrorReason(_StrEnum):
     ROW_OUT_OF_RANGE = "row_out_of_range"
     EMPTY = "empty"
     SERVER_REJECTED = "server_rejected"  # the server's HTTP 400 for this prompt
+    LONGER_THAN_CONTEXT = "longer_than_context"  # after the cut to max_seq_len, still too long for the served model
     # the request or its dump (retried, then failed)
     SERVER = "server"
     BAD_RID = "bad_rid"

@@ -175,7 +175,10 @@ class ExtractConfig(StrictConfig):
     @model_validator(mode="after")
     def _shards(self) -> ExtractConfig:
         if self.shard_index >= self.num_shards:
-            raise ValueError(f"shard_index {self.shard_index} must be below num_shards {self.num_shards}")
+            raise ValueError(
+                f"shard_index {self.shard_index} (--shard-index) must be below num_shards {self.num_shards} "
+                f"(--num-shards): give --shard-index 0 to {self.num_shards - 1}, or raise --num-shards"
+            )
         return self
 
     @model_validator(mode="after")

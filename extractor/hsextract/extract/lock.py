@@ -2,7 +2,8 @@
 
 The kernel drops the lock when the holder dies (SIGKILL, crash, reboot), so a stale lock never
 blocks a resume. The file holds the holder's pid, host and start time for the message a second
-extractor gets; the holder removes it when it is done.
+extractor gets, and what the holder adds (an extractor: its metrics port, for ``hsextract status``);
+the holder removes it when it is done.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from hsextract.errors import OutputLockedError
@@ -24,8 +26,9 @@ LOCK_FILE = "extract.lock"
 
 
 class OutputLock:
-    def __init__(self, output: Path) -> None:
+    def __init__(self, output: Path, details: Mapping[str, object] | None = None) -> None:
         self.output = Path(output)
+        self.details = dict(details or {})  # recorded in the file beside pid, host and since
         self.path = self.output / LOCK_FILE
         self._fd: int | None = None
 
@@ -51,7 +54,8 @@ class OutputLock:
             if not same_file:  # the previous holder removed the file between our open and flock
                 os.close(fd)
                 continue
-            record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                      **self.details}
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
             self._fd = fd

@@ -34,6 +34,7 @@ from hsextract.extract.formats import open_format
 from hsextract.extract.formats.base import OutputFormat
 from hsextract.extract.manifest import ERRORS_FILE, SAMPLES_FILE, read_jsonl, write_jsonl
 from hsextract.extract.merge_plan import MergePlan, ShardOutput, build_plan, merged_data_config, provenance_of
+from hsextract.paths import check_creatable, make_directory
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ def _check_target(into: Path, shards: Sequence[ShardOutput]) -> None:
             raise MergeError(f"--into {into} overlaps shard output {shard.path}; choose a directory outside every shard")
     if into.exists() and not into.is_dir():
         raise MergeError(f"--into {into} exists and is not a directory; choose another --into")
+    check_creatable(into, "merge target", "--into")
     if not into.exists() or not any(into.iterdir()) or (into / MERGE_MARKER).exists():
         return
     existing = read_data_config(into)
@@ -197,7 +199,7 @@ def merge_outputs(shard_dirs: Sequence[Path], into: Path, copy: bool = False) ->
         fmt_name,
         into,
     )
-    into.mkdir(parents=True, exist_ok=True)
+    make_directory(into, "merge target", "--into")
     atomic_write_bytes(into / MERGE_MARKER, (json.dumps([str(s.path) for s in plan.shards]) + "\n").encode())
     (into / DATA_CONFIG_FILE).unlink(missing_ok=True)  # until the end, the output is not complete
     _sweep(into)

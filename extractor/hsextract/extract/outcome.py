@@ -45,6 +45,8 @@ class RunSummary:
     longest_dump_pickup_s: float = 0.0
     #: times the server stopped taking connections mid-run and the run waited for it (server_gate)
     server_outages: int = 0
+    #: why data_config.json could not be written at the end (a full disk); None: it was written
+    data_config_not_written: str | None = None
 
 
 def trainable(data_config: DataConfig) -> bool:
@@ -87,8 +89,10 @@ def summarize(
     seconds: float,
     server_outages: int,
     spot_checks: SpotCheckCounts | None = None,
+    data_config_not_written: str | None = None,
 ) -> RunSummary:
-    """The run's summary from what it wrote (``data_config``) and what its ledger counted."""
+    """The run's summary from what it wrote (``data_config``) and what its ledger counted; ``data_config_not_written``:
+    why ``data_config`` could not be written to the output (None: it was)."""
     cfg = setup.config
     errors = ledger.manifest.errors.values()
     status, stop_reason = RunStatus(data_config.status), data_config.stop_reason
@@ -112,6 +116,7 @@ def summarize(
         late_answers=ledger.late_answers,
         longest_dump_pickup_s=ledger.longest_dump_pickup_s,
         server_outages=server_outages,
+        data_config_not_written=data_config_not_written,
     )
 
 

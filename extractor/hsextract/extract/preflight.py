@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from hsextract.contract.atomic import is_temp_name
 from hsextract.contract.dump_dir import check_dump_root
 from hsextract.contract.fp8 import FP8_STORAGE
 from hsextract.contract.layers import resolve_aux_layer_ids, server_layers_mismatch
@@ -25,7 +26,8 @@ from hsextract.errors import (
 )
 from hsextract.extract.client import ServerClient
 from hsextract.extract.config import ExtractConfig
-from hsextract.extract.data_config import read_data_config
+from hsextract.extract.context_fit import log_context_limit
+from hsextract.extract.data_config import DATA_CONFIG_FILE, read_data_config
 from hsextract.extract.dataset import dataset_kind
 from hsextract.extract.dataset_shape import check_shape
 from hsextract.extract.formats import FORMATS, format_class, open_format
@@ -41,15 +43,53 @@ from hsextract.extract.identity import (
     reconcile_identity,
     write_identity,
 )
+from hsextract.extract.lock import LOCK_FILE
 from hsextract.extract.manifest import SAMPLES_FILE, read_jsonl
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.plan import Plan
 from hsextract.extract.scan import DatasetScan
+from hsextract.extract.served_tokenizer import check_served_tokenizer
 from hsextract.extract.serving_hints import SGLangServing, sglang_serving
 from hsextract.extract.setup import RunSetup
 from hsextract.prepare.provenance import read_provenance
 
 log = logging.getLogger(__name__)
+
+#: a file only an extraction output holds: identity.json (recorded before a run's first request), data_config.json (an
+#: older hsextract's), samples.jsonl (one whose identity.json was lost: establish_identity refuses it, saying so)
+_OUTPUT_MARKERS = (IDENTITY_FILE, DATA_CONFIG_FILE, SAMPLES_FILE)
+
+
+def check_output_dir(cfg: ExtractConfig) -> None:
+    """Refuse, before anything is written into it, an --output that overlaps the dataset, or an existing one that
+    holds something else than an extraction output: the run would write its files over what is there. An empty
+    directory, or a resume of an extraction output, is let through."""
+    output, dataset = cfg.output, cfg.dataset
+    if _overlaps(output, dataset):
+        raise ConfigError(
+            f"--output {output} overlaps --dataset {dataset} (the same path, or one inside the other): the run would "
+            "write its files among the dataset's. Nothing was done; choose an --output outside the dataset"
+        )
+    if output.exists() and not output.is_dir():
+        raise ConfigError(f"--output {output} exists and is not a directory; choose another --output")
+    if output.is_dir() and not _is_extraction_output(output):
+        raise ConfigError(
+            f"--output {output} is not empty and holds no extraction output (no {', '.join(_OUTPUT_MARKERS)}): the run "
+            "would write over what is there. Nothing was done; choose an empty or new directory"
+        )
+
+
+def _overlaps(output: Path, dataset: Path) -> bool:
+    output, dataset = output.resolve(), dataset.resolve()
+    return output == dataset or output in dataset.parents or dataset in output.parents
+
+
+def _is_extraction_output(directory: Path) -> bool:
+    """Ours: a marker file, or nothing but what a run killed before it recorded its identity leaves (its lock and
+    temp files); an empty directory too, or a fresh filesystem's root (a data disk mounted as the output)."""
+    if any((directory / name).is_file() for name in _OUTPUT_MARKERS):
+        return True
+    return all(e.name in (LOCK_FILE, "lost+found") or is_temp_name(e.name) for e in directory.iterdir())
 
 
 def prepare(cfg: ExtractConfig, client: ServerClient, metrics: ExtractMetrics, stop: threading.Event) -> RunSetup:
@@ -57,6 +97,8 @@ def prepare(cfg: ExtractConfig, client: ServerClient, metrics: ExtractMetrics, s
     info, aux, dump_dir, fmt = check_server(cfg, client, metrics, stop)
     serving = serving_and_trainer_guards(cfg, info, aux, fmt)
     provenance = read_provenance(cfg.dataset) if cfg.dataset.is_dir() else None
+    check_served_tokenizer(provenance, info, cfg.dataset)
+    log_context_limit(info.context_length, cfg.max_seq_len)
     preparation = None if provenance is None else provenance.to_json()
     return RunSetup(cfg, info, aux, dump_dir, fmt, serving, dataset_preparation=preparation)
 
@@ -67,8 +109,6 @@ def check_server(
     """The server answers, serves what the config asks for, and dumps where the extractor can read."""
     dataset_kind(cfg.dataset)  # raises DatasetError with the fix
     check_shape(cfg.dataset, cfg.require_loss_mask)  # conversations, not token ids: refused before any request
-    if cfg.output.exists() and not cfg.output.is_dir():
-        raise ConfigError(f"output {cfg.output} exists and is not a directory; choose another --output")
     client.wait_until_healthy(cfg.health_timeout_s, stop)
     metrics.server_up.set(1)
     try:

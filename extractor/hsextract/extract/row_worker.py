@@ -324,7 +324,7 @@ class RowWorker:
     def _write_sample(self, sample: Sample, dump: Dump) -> WrittenFile:
         try:
             return self.fmt.write_sample(sample, dump)
-        except (OSError, RuntimeError) as exc:  # torch's zip writer wraps the OSError in a RuntimeError
-            if is_disk_full(exc):
+        except Exception as exc:  # torch's zip writer wraps the OSError in a RuntimeError, safetensors in a SafetensorError
+            if not isinstance(exc, HsextractError) and is_disk_full(exc):
                 raise disk_full_error(self.config.output, "the output", exc) from exc
             raise

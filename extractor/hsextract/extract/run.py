@@ -38,6 +38,7 @@ from hsextract.contract.states import RunStatus
 from hsextract.errors import BadSampleError, DiskFullError, HsextractError, ServerError
 from hsextract.extract.client import ServerClient
 from hsextract.extract.config import ExtractConfig
+from hsextract.extract.context_fit import check_fits_context
 from hsextract.extract.data_config import write_data_config
 from hsextract.extract.dataset import Sample, iter_raw_rows, iter_rows, validate_row
 from hsextract.extract.dump_checks import DumpExpectation
@@ -52,7 +53,7 @@ from hsextract.extract.open_requests import OpenRequests, StallWatchdog
 from hsextract.extract.ordering import shortest_first
 from hsextract.extract.outcome import RunSummary, build_data_config, summarize, trainable
 from hsextract.extract.plan import Plan, Planner
-from hsextract.extract.preflight import check_disk, establish_identity, log_lengths, prepare
+from hsextract.extract.preflight import check_disk, check_output_dir, establish_identity, log_lengths, prepare
 from hsextract.extract.progress import Progress
 from hsextract.extract.resume_check import check_resume
 from hsextract.extract.row_worker import RowWorker
@@ -61,6 +62,7 @@ from hsextract.extract.server_gate import ServerGate
 from hsextract.extract.setup import RunSetup
 from hsextract.extract.spot_check import SpotChecker
 from hsextract.extract.stale_dumps import sweep_stale_dumps
+from hsextract.paths import make_directory
 from hsextract.ports import check_metrics_port
 
 log = logging.getLogger(__name__)
@@ -159,13 +161,15 @@ class Extraction:
         started = time.monotonic()
         cfg = self.config
         check_metrics_port(cfg.metrics_host, cfg.metrics_port)  # before any work; it is served after the resume check
-        lock = OutputLock(cfg.output)
+        # the metrics port in the lock file: `hsextract status` reads this run's progress there, whatever port it is given
+        lock = OutputLock(cfg.output, {"metrics_port": cfg.metrics_port or None, "metrics_host": cfg.metrics_host})
         self._watch_stop()
         try:
+            check_output_dir(cfg)  # before the lock: nothing is written into a directory that is not ours
             if cfg.output.is_dir():
                 lock.acquire()  # before waiting for the server: a second extractor stops at once
             setup = prepare(cfg, self.client, self.metrics, self.stop)
-            cfg.output.mkdir(parents=True, exist_ok=True)
+            make_directory(cfg.output, "output", "--output")
             lock.acquire()
             return self._run_locked(started, setup)
         finally:
@@ -273,16 +277,23 @@ class Extraction:
             setup, manifest, plan.rows_in_shard, status, stop_reason, planned_longest=plan.longest_tokens,
             spot_checks=spot_counts,
         )  # fmt: skip
+        not_written: str | None = None
         try:
             write_data_config(cfg.output, data_config)
-            if trainable(data_config) and data_config.trainer is not None:
-                fmt.write_trainer_files(data_config.trainer, cfg.output, data_config.model.path)
         except OSError as exc:
-            log.error("could not write data_config.json or the trainer's files (%s); the next run writes them", exc)
+            not_written = f"{exc.strerror or exc}"
+            log.error("could not write %s/data_config.json (%s); the next run writes it", cfg.output, not_written)
+        else:
+            try:
+                if trainable(data_config) and data_config.trainer is not None:
+                    fmt.write_trainer_files(data_config.trainer, cfg.output, data_config.model.path)
+            except OSError as exc:
+                log.error("could not write the trainer's files (%s); the next run writes them", exc)
         sweep_stale_dumps(setup.dump_dir, cfg.rid_prefix, cfg.shard_index, cfg.num_shards)
         outages = self._gate.outages if self._gate is not None else 0
         return summarize(
-            setup, data_config, ledger, plan, seconds=time.monotonic() - started, server_outages=outages, spot_checks=spot_counts
+            setup, data_config, ledger, plan, seconds=time.monotonic() - started, server_outages=outages, spot_checks=spot_counts,
+            data_config_not_written=not_written,
         )
 
     def _exact_plan(self, plan: Plan, progress: Progress) -> None:
@@ -330,6 +341,7 @@ class Extraction:
                         continue
                     try:
                         sample = validate_row(row, raw, vocab_size, cfg.max_seq_len, cfg.require_loss_mask)
+                        check_fits_context(sample, setup.server.context_length, cfg.max_seq_len)
                     except BadSampleError as exc:
                         ledger.bad_input(row, digest, exc)
                         progress.advance()
@@ -376,7 +388,12 @@ class Extraction:
             self._inflight -= 1
         slots.release()
         exc = future.exception()
-        if exc is not None:  # a bug, not a sample problem: stop the run loudly
+        if exc is not None:
+            if not isinstance(exc, HsextractError) and is_disk_full(exc):
+                # a local write the worker did not expect to fail (ENOSPC): the output's disk, not the server
+                ledger.stop_fatal(disk_full_error(self.config.output, "the output", exc))
+                return
+            # a bug, not a sample problem: stop the run loudly
             log.error("row %d crashed the worker: %r", sample.row, exc)
             ledger.stop_fatal(
                 exc if isinstance(exc, HsextractError) else ServerError(f"internal error on row {sample.row}: {exc!r}")

@@ -17,7 +17,7 @@ import torch
 
 from hsextract.contract.atomic import is_temp_name
 from hsextract.contract.fp8 import FP8_STORAGE
-from hsextract.errors import OutputError
+from hsextract.errors import ConfigError, OutputError
 from hsextract.extract.checksum import check_sample_file
 from hsextract.extract.data_config import DataConfig, read_data_config
 from hsextract.extract.dump_checks import all_finite
@@ -81,10 +81,17 @@ def verify_output(output: Path, on_sample: Callable[[], None] | None = None) -> 
     output = Path(output)
     report = VerifyReport(output)
     problem = report.problems.append
+    if not output.exists():
+        raise ConfigError(f"{output} does not exist; give hsextract verify an output directory of hsextract extract (the "
+                          "--output it was given): check the path")
+    if not output.is_dir():
+        raise ConfigError(f"{output} is a file, not a directory; give hsextract verify the output directory of hsextract "
+                          "extract (the --output it was given), not a file in it")
     config = read_data_config(output)
     identity = read_identity(output)
     if config is None and identity is None:
-        raise OutputError(f"{output} has no data_config.json nor {IDENTITY_FILE}; is it an hsextract output directory?")
+        raise OutputError(f"{output} has no data_config.json nor {IDENTITY_FILE}: it is not an hsextract output directory "
+                          "(or its extraction never started); give hsextract verify the --output directory of hsextract extract")
     if config is None:
         problem(
             "the run has not finished (no data_config.json: it was killed or is still running); rerun `hsextract "

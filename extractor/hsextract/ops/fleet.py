@@ -39,7 +39,7 @@ class ShardProgress:
     shard: str  # "1/4", or "" when the host has no shard
     state: str  # running, finished, stopped, no metrics, unreachable
     settled: int = 0
-    planned: int = 0
+    planned: int | None = 0  # None: unknown (an extractor running without metrics)
     tokens: int = 0
     tokens_planned: int = 0
     tokens_per_s: float | None = None
@@ -51,12 +51,15 @@ class ShardProgress:
     def fraction(self) -> float:
         return self.settled / self.planned if self.planned else 0.0
 
+    def percent(self) -> str:
+        return "?" if self.planned is None else f"{self.fraction:.0%}"
+
 
 @dataclass
 class FleetTotal:
     shards: list[ShardProgress] = field(default_factory=list)
     settled: int = 0
-    planned: int = 0
+    planned: int | None = 0  # None when a shard's total is unknown
     tokens: int = 0
     tokens_planned: int = 0
     tokens_per_s: float = 0.0
@@ -82,7 +85,7 @@ def shard_progress(status: HostStatus, target: Target | None) -> ShardProgress:
     if p is None:
         line.state = "no metrics"
         return line
-    done = p.planned > 0 and p.settled >= p.planned
+    done = p.planned is not None and p.planned > 0 and p.settled >= p.planned
     line.state = "running" if p.running else ("finished" if done else "stopped")
     line.settled, line.planned, line.tokens, line.tokens_planned = p.settled, p.planned, p.tokens, p.tokens_planned
     line.tokens_per_s = p.tokens_per_s
@@ -102,7 +105,7 @@ def fleet_total(statuses: Sequence[HostStatus], targets: Sequence[Target]) -> Fl
         line = shard_progress(status, target)
         total.shards.append(line)
         total.settled += line.settled
-        total.planned += line.planned
+        total.planned = None if total.planned is None or line.planned is None else total.planned + line.planned
         total.tokens += line.tokens
         total.tokens_planned += line.tokens_planned
         if line.state == "running":
@@ -123,16 +126,20 @@ def fleet_total(statuses: Sequence[HostStatus], targets: Sequence[Target]) -> Fl
     return total
 
 
+def _count(planned: int | None) -> str:
+    return "?" if planned is None else str(planned)
+
+
 def render_total(total: FleetTotal) -> str:
     shards = len(total.shards)
-    pct = f"{total.settled / total.planned:.1%}" if total.planned else "-"
+    pct = "?" if total.planned is None else f"{total.settled / total.planned:.1%}" if total.planned else "-"
     lines = [f"== TOTAL ({shards} shard{'s' if shards != 1 else ''}, {total.running} running)"]
     for s in total.shards:
         eta = "-" if s.eta_s is None else duration(s.eta_s)
         rate = f"{s.tokens_per_s:.0f} tok/s" if s.tokens_per_s and s.state == "running" else "-"
         lines.append(
-            f"  {s.name:<16} shard {s.shard or '-':<6} {s.state:<11} {s.settled}/{s.planned} samples "
-            f"({s.fraction:.0%}), {s.tokens} tokens, {rate}, ETA {eta}, errors {s.errors}"
+            f"  {s.name:<16} shard {s.shard or '-':<6} {s.state:<11} {s.settled}/{_count(s.planned)} samples "
+            f"({s.percent()}), {s.tokens} tokens, {rate}, ETA {eta}, errors {s.errors}"
         )
     eta = (
         duration(total.eta_s)
@@ -140,12 +147,12 @@ def render_total(total: FleetTotal) -> str:
         else f"unknown ({', '.join(total.unknown)} stopped or without metrics: docs/runbooks/shard-behind.md)"
     )
     lines.append(
-        f"  TOTAL: {total.settled}/{total.planned} samples ({pct}), {total.tokens}/{total.tokens_planned} tokens, "
+        f"  TOTAL: {total.settled}/{_count(total.planned)} samples ({pct}), {total.tokens}/{total.tokens_planned} tokens, "
         f"{total.tokens_per_s:.0f} tokens/s, ETA {eta}, errors {total.errors} (failed samples {total.failed})"
     )
     if total.slowest is not None:
         slow = next(s for s in total.shards if s.name == total.slowest)
-        lines.append(f"  slowest shard: {slow.name} (shard {slow.shard or '-'}, {slow.state}, {slow.fraction:.0%} settled)")
+        lines.append(f"  slowest shard: {slow.name} (shard {slow.shard or '-'}, {slow.state}, {slow.percent()} settled)")
     return "\n".join(lines)
 
 

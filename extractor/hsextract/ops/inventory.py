@@ -39,6 +39,7 @@ class Target:
     shard_index: int | None = None  # the slice this host extracts (inventory: assign_shards)
     num_shards: int | None = None
     regen_output: str | None = None  # the file hsextract regenerate writes there (hsx_regen_output)
+    log_file: str | None = None  # this machine's log to show instead of the units' journals (make logs: WORK/server.log)
 
 
 def assign_shards(hosts: Sequence[str], hostvars: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, int], int]:

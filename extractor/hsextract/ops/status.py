@@ -3,13 +3,16 @@
 For each extraction host it gathers, with read-only commands only: the server's health (HTTP status of
 ``/health_generate``), the state of the ``hsextract-server`` and ``hsextract-extract`` units (and their
 last log lines with ``--logs N``), ``/dev/shm`` and output disk use (``df -B1``), and the extraction's
-progress and ETA from the extractor's own ``/metrics``; for an extractor started without
+progress and ETA from the extractor's own ``/metrics``: on the port the output's ``extract.lock`` records
+when an extractor holds it (``--metrics-port`` of the run writing that output), else on the port given; a port
+that answers with something else than an extractor's metrics is said so. For an extractor started without
 ``--metrics-port``, its pid from the output's ``extract.lock`` (held: ``/proc/locks``) and the samples
-written so far; when the extractor is not running (finished, stopped, killed), the counts and the status
+written so far, its total unknown; when the extractor is not running (finished, stopped, killed), the counts and the status
 (complete, interrupted, stopped...) its output's ``data_config.json`` records; an output directory that
 is not there is said. Hosts come from an Ansible inventory (group
 ``extraction_containers``, through ``ansible-inventory --list``) and are reached over SSH with fabric,
-one connection per host, all hosts at once; with no inventory it looks at this machine.
+one connection per host, all hosts at once; with no inventory it looks at this machine (``--log-file``: the
+last log lines of that file, the embedded default's server log, instead of the units' journals).
 
 Per-host settings are the inventory's (``hsx_server_port``, ``hsx_metrics_port``, ``hsx_output_dir``,
 ``hsx_dump_dir``); the defaults match the embedded default run (``make extract``).
@@ -20,12 +23,11 @@ from __future__ import annotations
 import json
 import logging
 import shlex
-import subprocess
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -34,65 +36,11 @@ from hsextract.extract.data_config import DATA_CONFIG_FILE
 from hsextract.extract.lock import LOCK_FILE
 from hsextract.extract.manifest import SAMPLES_FILE
 from hsextract.ops.inventory import Target, load_inventory
+from hsextract.ops.runners import LocalRunner, Runner, SSHRunner
 
 log = logging.getLogger(__name__)
 
 UNITS = ("hsextract-server", "hsextract-extract")
-COMMAND_TIMEOUT_S = 45.0
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    exit_code: int
-    stdout: str
-    stderr: str
-
-
-class Runner(Protocol):
-    """Runs one shell command on a target; never raises for a non-zero exit."""
-
-    def run(self, command: str) -> CommandResult: ...
-
-    def close(self) -> None: ...
-
-
-class LocalRunner:
-    """This machine, through bash."""
-
-    def run(self, command: str) -> CommandResult:
-        try:
-            done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            return CommandResult(124, "", f"timed out after {COMMAND_TIMEOUT_S:.0f} s")
-        return CommandResult(done.returncode, done.stdout, done.stderr)
-
-    def close(self) -> None:
-        pass
-
-
-class SSHRunner:
-    """One fabric connection to a host, reused for every command."""
-
-    def __init__(self, target: Target, connect_timeout_s: float = 10.0) -> None:
-        from fabric import Connection  # type: ignore[import-untyped]
-
-        connect_kwargs: dict[str, Any] = {}
-        if target.key_filename:
-            connect_kwargs["key_filename"] = [target.key_filename]
-        self.target = target
-        self._connection = Connection(
-            target.host, user=target.user, port=target.port, connect_timeout=connect_timeout_s, connect_kwargs=connect_kwargs
-        )
-        self._connection.open()
-
-    def run(self, command: str) -> CommandResult:
-        result = self._connection.run(
-            f"bash -c {shlex.quote(command)}", hide=True, warn=True, in_stream=False, timeout=COMMAND_TIMEOUT_S
-        )
-        return CommandResult(int(result.exited), str(result.stdout), str(result.stderr))
-
-    def close(self) -> None:
-        self._connection.close()
 
 
 # -- what is gathered -----------------------------------------------------------------------------
@@ -113,7 +61,7 @@ class Filesystem:
 class Progress:
     running: bool
     server_up: bool | None
-    planned: int
+    planned: int | None  # None: unknown (an extractor without metrics)
     settled: int
     by_status: dict[str, int]
     tokens: int
@@ -134,6 +82,16 @@ class LockHolder:
     host: str
     since: str
     written: int  # lines in samples.jsonl so far
+    metrics_port: int | None = None  # the extractor's --metrics-port, as its lock records it (None: without one)
+    metrics_host: str | None = None  # the address its metrics endpoint binds to
+    records_metrics: bool = False  # the lock records the port (an extractor before issue 39 did not)
+
+    def metrics_address(self) -> str:
+        """Where this machine reaches the holder's metrics endpoint: its bind address, loopback for a wildcard."""
+        host = self.metrics_host or "127.0.0.1"
+        if host in ("0.0.0.0", "::", "*"):
+            return "127.0.0.1"
+        return f"[{host}]" if ":" in host else host
 
 
 @dataclass
@@ -147,24 +105,47 @@ class HostStatus:
     filesystems: list[Filesystem] = field(default_factory=list)
     progress: Progress | None = None
     metrics_error: str | None = None
+    metrics_port: int | None = None  # the port /metrics was read on: the lock's when the running extractor records one
+    metrics_http: int | None = None  # the HTTP status that port answered; None: no answer
     logs: dict[str, str] = field(default_factory=dict)
     lock_holder: LockHolder | None = None  # an extractor holds the output (with or without metrics)
     output_missing: str | None = None  # why no output was read: its directory is not there
 
 
-_CURL = {"code": "curl -s -m 30 -o /dev/null -w '%{{http_code}}' {url}", "body": "curl -sf -m 10 {url}"}
-_PYTHON = {"code": "r.status", "body": "r.read().decode()"}
+_CURL = {
+    "code": "curl -s -m 30 -o /dev/null -w '%{{http_code}}' {url}",
+    "body": "curl -sf -m 10 {url}",
+    "both": "curl -s -m 10 -w '\\n%{{http_code}}' {url}",
+}
+_PYTHON = {"code": "r.status", "body": "r.read().decode()", "both": "r.read().decode()+chr(10)+str(r.status)"}
+_PYTHON_ERROR = {"code": "getattr(e,'code','000')", "body": "''", "both": "chr(10)+str(getattr(e,'code','000'))"}
 
 
 def _http_get(url: str, what: str) -> str:
-    """Shell printing the status code (what=code) or the body (what=body) of a GET, with curl or else python3."""
-    fallback = "'000'" if what == "code" else "''"
+    """Shell printing the status code (what=code), the body (what=body), or the body, a newline and the status
+    code (what=both: 000 when nothing answers) of a GET, with curl or else python3."""
     py = (
         "import urllib.request as u\n"
         f"try:\n r=u.urlopen({url!r},timeout=30)\n print({_PYTHON[what]},end='')\n"
-        f"except Exception as e:\n print(getattr(e,'code',{fallback}) if {what == 'code'} else '',end='')"
+        f"except Exception as e:\n print({_PYTHON_ERROR[what]},end='')"
     )
     return f"if command -v curl >/dev/null; then {_CURL[what].format(url=url)}; else python3 -c {shlex.quote(py)}; fi"
+
+
+def _metrics_command(address: str, port: int) -> str:
+    return _http_get(f"http://{address}:{port}/metrics", "both")
+
+
+def _elapsed_command(port: int) -> str:
+    """Shell printing the age in seconds of the process listening on ``port``."""
+    return f"pid=$(fuser -n tcp {port} 2>/dev/null | awk '{{print $1}}'); " '[ -n "$pid" ] && ps -o etimes= -p "$pid"'
+
+
+def split_answer(stdout: str) -> tuple[int | None, str]:
+    """(HTTP status, body) from :func:`_http_get`'s ``both`` output; status None when nothing answered."""
+    body, _, code = stdout.rpartition("\n")
+    code = code.strip()
+    return (int(code) if code.isdigit() and int(code) > 0 else None), body
 
 
 def status_commands(target: Target, log_lines: int) -> dict[str, str]:
@@ -176,16 +157,15 @@ def status_commands(target: Target, log_lines: int) -> dict[str, str]:
         "units": f"command -v systemctl >/dev/null && systemctl is-active {units}",
         "df": "df -B1 --output=file,target,size,used,avail /dev/shm "
         f"{shlex.quote(target.dump_dir)} {shlex.quote(target.output_dir)}",
-        "metrics": _http_get(f"http://127.0.0.1:{target.metrics_port}/metrics", "body"),
+        "metrics": _metrics_command("127.0.0.1", target.metrics_port),
         "data_config": f"cat {shlex.quote(target.output_dir + '/' + DATA_CONFIG_FILE)} 2>/dev/null",
         "output": f"test -d {shlex.quote(target.output_dir)} && echo present",
         "lock": _lock_holder_command(target.output_dir),
-        "elapsed": (
-            f"pid=$(fuser -n tcp {target.metrics_port} 2>/dev/null | awk '{{print $1}}'); "
-            '[ -n "$pid" ] && ps -o etimes= -p "$pid"'
-        ),
+        "elapsed": _elapsed_command(target.metrics_port),
     }
-    if log_lines > 0:
+    if log_lines > 0 and target.log_file:  # this machine's embedded default: its server log, not systemd units
+        commands[f"log:{target.log_file}"] = f"tail -n {int(log_lines)} {shlex.quote(target.log_file)}"
+    elif log_lines > 0:
         for unit in UNITS:
             commands[f"log:{unit}"] = f"{sudo}journalctl -u {unit} -n {int(log_lines)} --no-pager -o short-iso"
     return commands
@@ -220,8 +200,10 @@ def parse_lock_holder(stdout: str) -> LockHolder | None:
     written = next((line.split()[1] for line in lines if line.startswith("written ")), "0")
     recorded = str(record.get("pid"))
     pid = recorded if recorded in holders else holders[0]  # the file's pid, when it is the holder's
+    port, host = record.get("metrics_port"), record.get("metrics_host")
     return LockHolder(int(pid), str(record.get("host", "?")), str(record.get("since", "?")),
-                      int(written) if written.isdigit() else 0)  # fmt: skip
+                      int(written) if written.isdigit() else 0, port if isinstance(port, int) and port > 0 else None,
+                      host if isinstance(host, str) else None, "metrics_port" in record)  # fmt: skip
 
 
 def _missing_output(target: Target) -> str:
@@ -306,31 +288,55 @@ def gather(target: Target, runner: Runner, log_lines: int = 0) -> HostStatus:
     status.health = int(code) if code.isdigit() and code != "000" else None
     status.units = parse_units(results["units"].stdout)
     status.filesystems = parse_df(results["df"].stdout)
-    elapsed = results["elapsed"].stdout.strip()
-    if results["metrics"].stdout.strip():
-        try:
-            status.progress = parse_metrics(results["metrics"].stdout, float(elapsed) if elapsed.isdigit() else None)
-        except ValueError as exc:
-            status.metrics_error = str(exc)
     if results["output"].stdout.strip() != "present":
         status.output_missing = _missing_output(target)
-    status.lock_holder = parse_lock_holder(results["lock"].stdout)
-    holder = status.lock_holder
-    if status.progress is None and holder is not None:  # running without --metrics-port: its lock says so
-        status.metrics_error = (
-            f"no answer on port {target.metrics_port}: the extractor runs without --metrics-port (pid {holder.pid} "
-            f"on {holder.host} holds {target.output_dir}/{LOCK_FILE} since {holder.since}); start it with "
-            f"--metrics-port {target.metrics_port} for progress and ETA"
-        )
-        status.progress = Progress(True, None, 0, holder.written, {"ok": holder.written}, 0, 0, {}, 0)
-    elif not results["metrics"].stdout.strip():
-        status.metrics_error = f"no answer on port {target.metrics_port} (the extractor is not running)"
+    status.lock_holder = holder = parse_lock_holder(results["lock"].stdout)
+    address, port = "127.0.0.1", target.metrics_port
+    if holder is not None and holder.metrics_port is not None:  # the port of the run writing this output, not a guess
+        address, port = holder.metrics_address(), holder.metrics_port
+        if (address, port) != ("127.0.0.1", target.metrics_port):
+            results["metrics"] = runner.run(_metrics_command(address, port))
+            results["elapsed"] = runner.run(_elapsed_command(port))
+    status.metrics_port = port
+    status.metrics_http, body = split_answer(results["metrics"].stdout)
+    elapsed = results["elapsed"].stdout.strip()
+    fix = ("give status the extractor's --metrics-port" if target.host is None
+           else "set hsx_metrics_port to the extractor's --metrics-port")  # fmt: skip
+    if status.metrics_http == 200:
+        try:
+            status.progress = parse_metrics(body, float(elapsed) if elapsed.isdigit() else None)
+        except ValueError as exc:
+            status.metrics_error = f"port {port} answers, but is not an hsextract metrics endpoint ({exc}); {fix}"
+    elif status.metrics_http is not None:
+        status.metrics_error = (f"port {port} answers HTTP {status.metrics_http} on /metrics: not an hsextract metrics "
+                                f"endpoint; {fix}")  # fmt: skip
+    if status.progress is None and holder is not None:  # running, but no progress read: what its lock says
+        status.metrics_error = _no_progress(target, holder, port, status.metrics_error)
+        status.progress = Progress(True, None, None, holder.written, {"ok": holder.written}, 0, 0, {}, 0)
+    elif status.progress is None and status.metrics_error is None:
+        status.metrics_error = f"no answer on port {port} (the extractor is not running)"
     if status.progress is None:  # no extractor answers (finished or stopped): its output says how it ended
         status.progress = parse_data_config(results["data_config"].stdout) or status.progress
     for purpose, result in results.items():
         if purpose.startswith("log:"):
             status.logs[purpose[4:]] = result.stdout if result.exit_code == 0 else (result.stderr.strip() or result.stdout)
     return status
+
+
+def _no_progress(target: Target, holder: LockHolder, port: int, answered: str | None) -> str:
+    """Why a running extractor (it holds the output's lock) gave no progress, from what its lock records."""
+    held = f"pid {holder.pid} on {holder.host} holds {target.output_dir}/{LOCK_FILE} since {holder.since}"
+    if answered is not None:  # the port answered, with something else than an extractor's metrics
+        return f"{answered} ({held})"
+    if holder.metrics_port is not None:
+        return (f"the extractor ({held}) runs with --metrics-port {port}, which does not answer yet: it serves its "
+                "metrics once its server answers and the resume check is done")  # fmt: skip
+    if holder.records_metrics:
+        return (f"no answer on port {port}: the extractor runs without --metrics-port ({held}); start it with "
+                f"--metrics-port {port} for progress and ETA; its total is unknown")  # fmt: skip
+    setting = "--metrics-port" if target.host is None else "hsx_metrics_port"
+    return (f"no answer on port {port}; the extractor ({held}) records no metrics port in its lock (an older "
+            f"hsextract): if it runs with --metrics-port, give status that port ({setting}); its total is unknown")
 
 
 def _gather_one(target: Target, log_lines: int, make_runner: Callable[[Target], Runner]) -> HostStatus:
@@ -396,7 +402,7 @@ def render(status: HostStatus, shard: str = "") -> str:
     p = status.progress
     if p is None:
         lines.append(f"  extraction: {status.metrics_error}")
-    elif p.running and status.lock_holder is not None and p.planned == 0:  # no metrics: what its lock and files say
+    elif p.running and status.lock_holder is not None and p.planned is None:  # no metrics: its lock and files
         lines.append(f"  extraction: running; {status.metrics_error}")
         lines.append(f"    samples written so far: {status.lock_holder.written} (samples.jsonl)")
     else:
@@ -417,6 +423,8 @@ def render(status: HostStatus, shard: str = "") -> str:
             )
         if p.server_up is False:
             lines.append("    the extractor saw the server fail: docs/runbooks/restart-server.md")
+        if p.outcome is not None and status.metrics_http is not None and status.metrics_error:
+            lines.append(f"    {status.metrics_error}")  # what answered on the metrics port instead
     for unit, text in status.logs.items():
         lines.append(f"  -- last log lines of {unit}:")
         lines.extend("     " + line for line in (text.rstrip().splitlines() or ["(none)"]))
@@ -442,6 +450,11 @@ def add_arguments(parser: Any) -> None:
     )
     local.add_argument("--output-dir", default="work/output", help="output directory (default: work/output)")
     local.add_argument("--dump-dir", default="/dev/shm/hsextract-default", help="dump root (default: the default run's)")
+    local.add_argument(
+        "--log-file",
+        help="with --logs N: the last N lines of this file instead of the units' journals (make logs without an "
+        "inventory: make extract's WORK/server.log)",
+    )
 
 
 def targets_from_args(args: Any) -> list[Target]:
@@ -456,6 +469,7 @@ def targets_from_args(args: Any) -> list[Target]:
             metrics_port=args.metrics_port,
             output_dir=args.output_dir,
             dump_dir=args.dump_dir,
+            log_file=args.log_file,
         )
     ]
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from hsextract.config import StrictConfig
+from hsextract.errors import ConfigError
 
 #: the trainers whose tokenization prepare reproduces
 CONVENTIONS = ("specforge", "speculators")
@@ -23,7 +24,9 @@ class PrepareConfig(StrictConfig):
     like: Like | None = Field(
         None, description="tokenize as this trainer's own preprocessing does: specforge or speculators (default: --format's)"
     )
-    format: Like = Field("specforge", description="the output format extract will write; picks --like when unset")
+    format: Like = Field(
+        "specforge", description="the output format extract will write; picks --like when unset, and must be it when set"
+    )
     chat_template: Path | None = Field(None, description="a Jinja chat template file replacing the model's own")
     specforge_template: str | None = Field(
         None,
@@ -35,6 +38,17 @@ class PrepareConfig(StrictConfig):
     trust_remote_code: bool = Field(False, description="let transformers run the model's own tokenizer code (Kimi needs it)")
     chunk_rows: int = Field(1000, gt=0, description="input rows per part written; a rerun resumes after the last whole part")
     progress: bool = Field(True, description="show a progress bar")
+
+    @model_validator(mode="after")
+    def _format_follows_like(self) -> PrepareConfig:
+        # a ConfigError, not a validation error: it carries its own fix (and exits 2 before any work)
+        if self.like is not None and "format" in self.model_fields_set and self.format != self.like:
+            raise ConfigError(
+                f"--like {self.like} and --format {self.format} name two trainers: an output's format follows its "
+                f"--like (extract writes the format of the trainer the rows were tokenized as). Nothing was done; drop "
+                f"--format, or give --like {self.format} to tokenize as {self.format} does"
+            )
+        return self
 
     @property
     def convention(self) -> str:

@@ -39,21 +39,26 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return digest.hexdigest()
 
 
-def load_model_tokenizer(model: Path, chat_template: Path | None, trust_remote_code: bool) -> ModelTokenizer:
-    """The tokenizer of ``model`` with its chat template (``chat_template`` replaces it), or ConfigError naming the fix."""
+def load_tokenizer(model: Path, trust_remote_code: bool) -> Any:
+    """The tokenizer of the model directory ``model``, or ConfigError naming the fix."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     from transformers import AutoTokenizer
 
     if not Path(model).is_dir():
         raise ConfigError(f"--model {model} is not a directory; give the model directory (its tokenizer and chat template)")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(model), trust_remote_code=trust_remote_code)
+        return AutoTokenizer.from_pretrained(str(model), trust_remote_code=trust_remote_code)
     except Exception as exc:  # transformers raises many types for a directory it cannot read
         remote = "" if trust_remote_code else " or --trust-remote-code when the model ships its own tokenizer code (Kimi)"
         raise ConfigError(
             f"cannot load the tokenizer of --model {model}: {type(exc).__name__}: {exc}; give a model directory with "
             f"tokenizer files (tokenizer.json, tokenizer_config.json){remote}"
         ) from None
+
+
+def load_model_tokenizer(model: Path, chat_template: Path | None, trust_remote_code: bool) -> ModelTokenizer:
+    """The tokenizer of ``model`` with its chat template (``chat_template`` replaces it), or ConfigError naming the fix."""
+    tokenizer = load_tokenizer(model, trust_remote_code)
     source = str(model)
     if chat_template is not None:
         try:

@@ -43,6 +43,10 @@ class Provenance:
     counts: dict[str, Any] = field(default_factory=dict)
     hsextract_version: str = ""
     schema: int = SCHEMA
+    #: the model directory whose tokenizer made the rows, and whether its own code was run: how extract loads the
+    #: served model's tokenizer to compare fingerprints (empty and False in an older prepare.json)
+    model: str = ""
+    trust_remote_code: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,6 +69,8 @@ def read_provenance(directory: Path) -> Provenance | None:
             counts=dict(data["counts"]),
             hsextract_version=str(data.get("hsextract_version", "")),
             schema=int(data["schema"]),
+            model=str(data.get("model", "")),
+            trust_remote_code=bool(data.get("trust_remote_code", False)),
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{path} is not a prepare.json this hsextract reads ({exc}); rerun hsextract prepare") from None

@@ -17,6 +17,8 @@ from hsextract.errors import ConfigError
 from hsextract.prepare.conversation import BadRow, Reason
 
 _BATCH = 512
+#: the fields a row's turns are in (``conversation.py``)
+_TURN_FIELDS = ("conversations", "messages")
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,26 @@ def _jsonl_rows(path: Path, start: int) -> Iterator[tuple[int, Any]]:
                 yield row, BadRow(Reason.NOT_JSON, f"row {row}: line {row + 1} {what}")
 
 
+def _without_nulls(value: Any) -> Any:
+    """``value`` with every None-valued key of its mappings dropped, at any depth."""
+    if isinstance(value, dict):
+        return {key: _without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [_without_nulls(item) for item in value]
+    return value
+
+
+def _turns_as_written(record: dict[str, Any]) -> dict[str, Any]:
+    """A Parquet or Arrow row with its turns as its JSONL line gives them.
+
+    A list column has one struct type, the union of every turn's keys: in a column mixing ShareGPT and
+    OpenAI turns each ShareGPT turn also comes with ``role`` and ``content`` None (and the reverse), and
+    the trainers' normalizations pick a turn's key by presence, so they took the None. A None key is a
+    key the turn did not have (Parquet cannot tell them apart), so it is dropped."""
+    turns = {name: _without_nulls(record[name]) for name in _TURN_FIELDS if isinstance(record.get(name), list)}
+    return {**record, **turns}
+
+
 def _parquet_rows(path: Path, start: int) -> Iterator[tuple[int, Any]]:
     import pyarrow.parquet as pq
 
@@ -79,7 +101,7 @@ def _parquet_rows(path: Path, start: int) -> Iterator[tuple[int, Any]]:
             continue
         for record in batch.to_pylist():
             if row >= start:
-                yield row, record
+                yield row, _turns_as_written(record)
             row += 1
 
 
@@ -109,7 +131,7 @@ def _arrow_rows(path: Path, split: str | None, start: int) -> Iterator[tuple[int
         batch = dataset[first : first + _BATCH]
         columns = list(batch)
         for offset in range(len(batch[columns[0]]) if columns else 0):
-            yield first + offset, {name: batch[name][offset] for name in columns}
+            yield first + offset, _turns_as_written({name: batch[name][offset] for name in columns})
 
 
 def open_input(path: Path, split: str | None = None) -> InputDataset:

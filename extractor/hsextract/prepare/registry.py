@@ -134,14 +134,17 @@ def matching_templates(tokenizer: Any) -> list[str]:
     return names
 
 
-def resolve_template(name: str | None, tokenizer: Any, model: str) -> RegistryTemplate:
-    """The entry named by ``--specforge-template``, else the only one the model's template fits."""
+def resolve_template(
+    name: str | None, tokenizer: Any, model: str, option: str = "--specforge-template"
+) -> RegistryTemplate:
+    """The entry named by ``--specforge-template``, else the only one the model's template fits. ``option`` is how the
+    messages spell the setting: the flag, or the key of the file it was read from (``hsextract pipeline``'s)."""
     if name is not None:
         if name in UNSUPPORTED:
-            raise ConfigError(f"--specforge-template {name}: not supported by prepare, {UNSUPPORTED[name]}")
+            raise ConfigError(f"{option} {name}: not supported by prepare, {UNSUPPORTED[name]}")
         if name not in TEMPLATES:
             raise ConfigError(
-                f"--specforge-template {name!r} is not a SpecForge 0.2.0 registry template prepare handles; "
+                f"{option} {name!r} is not a SpecForge 0.2.0 registry template prepare handles; "
                 f"choose one of {', '.join(TEMPLATES)}"
             )
         return TEMPLATES[name]
@@ -151,10 +154,10 @@ def resolve_template(name: str | None, tokenizer: Any, model: str) -> RegistryTe
     if names:
         raise ConfigError(
             f"the chat template of {model} fits several SpecForge registry templates ({', '.join(names)}), which "
-            "differ in the system prompt inserted when a conversation has none; choose one with --specforge-template "
+            f"differ in the system prompt inserted when a conversation has none; choose one with {option} "
             "NAME (the one you will give SpecForge's --chat-template)"
         )
     raise ConfigError(
         f"the chat template of {model} fits no SpecForge 0.2.0 registry template (none frames its assistant turns); "
-        f"choose one with --specforge-template NAME ({', '.join(TEMPLATES)}), or use --like speculators"
+        f"choose one with {option} NAME ({', '.join(TEMPLATES)}), or use --like speculators"
     )

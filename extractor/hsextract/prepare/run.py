@@ -14,9 +14,12 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import islice
+from pathlib import Path
 from typing import Any
 
 from hsextract import __version__
+from hsextract.contract.context_length import context_length_of, longest_prompt
+from hsextract.contract.model_config import read_model_config
 from hsextract.errors import ConfigError
 from hsextract.prepare.config import PrepareConfig
 from hsextract.prepare.conversation import BadRow, Conversation, conversation_of
@@ -105,11 +108,31 @@ def _no_usable_row(pending: list[list[Outcome]], source: InputDataset) -> Config
     )
 
 
+def warn_beyond_context(config: PrepareConfig) -> None:
+    """Say when ``--max-seq-len`` keeps rows too long for the model's context (its config.json), which extract then
+    records as bad input instead of sending. A warning, not a refusal: a server may be started with another context
+    (SGLang's --context-length), and extract checks every row against the served one."""
+    context = context_length_of({}, read_model_config(config.model))
+    if context is None or config.max_seq_len <= longest_prompt(context):
+        return
+    log.warning(
+        "--max-seq-len %d is not below the context of %s (max_position_embeddings %d in its config.json): rows longer "
+        "than %d tokens are kept, and extract records them as bad input (longer_than_context) instead of sending them; "
+        "--max-seq-len %d cuts them to fit",
+        config.max_seq_len,
+        config.model,
+        context,
+        longest_prompt(context),
+        longest_prompt(context),
+    )
+
+
 def run_prepare(config: PrepareConfig) -> PrepareSummary:
     started = time.monotonic()
     source = open_input(config.dataset, config.split)
     model_tokenizer = load_model_tokenizer(config.model, config.chat_template, config.trust_remote_code)
     convention, template_name = _convention(config, model_tokenizer.tokenizer)
+    warn_beyond_context(config)
     settings = Settings(
         like=config.convention,
         specforge_template=template_name,
@@ -157,7 +180,8 @@ def run_prepare(config: PrepareConfig) -> PrepareSummary:
         if not records:
             raise _no_usable_row([c for _, _, c in pending], source)
         summary.counts = totals(records, source.num_rows)
-        writer.finish(records, Provenance(settings, summary.counts, __version__))
+        writer.finish(records, Provenance(settings, summary.counts, __version__, model=str(Path(config.model).resolve()),
+                                          trust_remote_code=config.trust_remote_code))
     finally:
         writer.close()
     summary.seconds = time.monotonic() - started

@@ -15,6 +15,10 @@ from hsextract.exit_codes import EXIT_INCOMPLETE, EXIT_INTERRUPTED
 from hsextract.regen.config import RegenerateConfig
 
 
+def _by_reason(counts: dict[str, int]) -> str:
+    return ", ".join(f"{reason} {n}" for reason, n in counts.items())
+
+
 def cmd_regenerate(args: argparse.Namespace) -> int:
     from hsextract.regen.run import ALREADY_COMPLETE, COMPLETE, INTERRUPTED, Regeneration
 
@@ -28,11 +32,12 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, stop)
     summary = regeneration.run()
     counts = summary.counts
-    failed = ", ".join(f"{r} {n}" for r, n in counts.get("failed_by_reason", {}).items()) or "none"
+    failed = _by_reason(counts.get("failed_by_reason", {})) or "none"
+    skipped = f" ({reasons})" if (reasons := _by_reason(counts.get("skipped_by_reason", {}))) else ""
     print(
         f"\n{summary.status.upper()}: {summary.output} (model {summary.model})\n"
         f"  input rows {counts.get('rows_in')}: ok {counts.get('ok')}, failed {counts.get('failed')} ({failed}), "
-        f"skipped {counts.get('skipped')}; {summary.resumed} were done by an earlier run\n"
+        f"skipped {counts.get('skipped')}{skipped}; {summary.resumed} were done by an earlier run\n"
         f"  {counts.get('turns_regenerated')} turns, {counts.get('generated_tokens')} tokens generated, "
         f"{counts.get('truncated_turns')} turns cut at --max-new-tokens {config.max_new_tokens}\n"
         f"  took {summary.seconds:.1f} s; "

@@ -7,13 +7,14 @@ after the other (a turn's prompt holds the answers before it); each settled row 
 journal at once. Once every row is settled (none left to retry), OUT is written from the journal.
 
 Accounting: every input row ends ``ok`` (in OUT), ``failed`` (a bad row, a prompt the server refused,
-or the server's tries exhausted: retried by a rerun) or ``skipped`` (``--drop-truncated``), so
-ok + failed + skipped = input rows.
+or the server's tries exhausted: retried by a rerun) or ``skipped`` (``--drop-truncated``, or no
+assistant turn to regenerate), so ok + failed + skipped = input rows.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -34,9 +35,9 @@ from hsextract.prepare.model_tokenizer import load_model_tokenizer
 from hsextract.prepare.readers import open_input
 from hsextract.regen.client import RID_PREFIX, SERVER_ERROR, SERVER_REFUSED, DecodeAnswer, GenerateClient, make_rid
 from hsextract.regen.config import RegenerateConfig
-from hsextract.regen.conversation import TRUNCATED, Regenerated, regenerate_row, turn_seed
+from hsextract.regen.conversation import NO_ASSISTANT_TURN, TRUNCATED, Regenerated, regenerate_row, turn_seed
 from hsextract.regen.input_shape import check_conversations
-from hsextract.regen.journal import FAILED, OK, SKIPPED, Journal, RegenIdentity
+from hsextract.regen.journal import FAILED, IDENTITY_FILE, OK, SKIPPED, SUMMARY_FILE, Journal, RegenIdentity
 from hsextract.regen.metrics import RegenMetrics
 from hsextract.regen.prompts import Prompter, stop_token_ids
 from hsextract.regen.writer import read_summary, write_errors, write_output, write_summary
@@ -128,6 +129,51 @@ def _input_fingerprint(config: RegenerateConfig) -> str | None:
         return open_input(config.dataset, config.split).fingerprint
     except ConfigError:
         return None
+
+
+def check_output(config: RegenerateConfig) -> None:
+    """Refuse an --output that is the input, or an existing file this command did not write: OUT is replaced at
+    the end, so either would be lost. A resume of regenerate's own output is let through."""
+    output = config.output
+    if _same_file(output, config.dataset):
+        raise ConfigError(
+            f"--output {output} is the input (--dataset {config.dataset}): regenerate replaces OUT at the end, so the "
+            "input would be lost. Nothing was sent; give another --output (a new file)"
+        )
+    if output.exists() and not _is_own_output(config.journal_dir):
+        raise ConfigError(
+            f"--output {output} exists and is no output of hsextract regenerate (no {IDENTITY_FILE} or {SUMMARY_FILE} "
+            f"in {config.journal_dir}): it would be overwritten. Nothing was sent; give another --output (a new file), "
+            "or move that file away"
+        )
+
+
+def _same_file(one: Path, other: Path) -> bool:
+    """One file, however named: the same path once resolved (symlinks, ``..``), or the same inode (a hard link)."""
+    if one.resolve() == other.resolve():
+        return True
+    try:
+        return os.path.samefile(one, other)
+    except OSError:  # one of them does not exist
+        return False
+
+
+def _is_own_output(journal_dir: Path) -> bool:
+    """Whether OUT's journal is regenerate's (a run's identity, or the summary a run or merge-regenerated wrote)."""
+    return (journal_dir / IDENTITY_FILE).is_file() or (journal_dir / SUMMARY_FILE).is_file()
+
+
+def _done_before(journal: Journal, rows: Sequence[int]) -> int:
+    """How many of the run's rows an earlier run settled for good (all of them for a complete output)."""
+    return sum(1 for row in rows if journal.done(row))
+
+
+def _bad_row_record(base: dict[str, Any], exc: BadRow) -> dict[str, Any]:
+    """The journal record of a row that is no conversation to regenerate. One with no assistant turn is
+    skipped, not failed: there is nothing to answer again (prepare drops it too), so it is bad input a
+    rerun cannot fix and no reason to exit 3; the other bad rows fail until the input is fixed."""
+    status = SKIPPED if exc.reason == NO_ASSISTANT_TURN else FAILED
+    return {**base, "status": status, "reason": exc.reason, "message": exc.message}
 
 
 class Regeneration:
@@ -265,7 +311,7 @@ class Regeneration:
                 config.reasoning, meta,
             )
         except BadRow as exc:
-            return {**base, "status": FAILED, "reason": exc.reason, "message": exc.message}
+            return _bad_row_record(base, exc)
         except BadRequestError as exc:
             return {**base, "status": FAILED, "reason": SERVER_REFUSED, "message": f"row {row}: {exc}"}
         except _Exhausted as exc:
@@ -300,6 +346,7 @@ class Regeneration:
         config = self.config
         summary = RegenSummary(str(config.output), str(config.journal_dir))
         check_metrics_port(config.metrics_host, config.metrics_port)  # before any work
+        check_output(config)
         source = open_input(config.dataset, config.split)
         check_conversations(source)  # token rows or an empty file: refused before any request
         self.client = client = GenerateClient(config.server, config.request_timeout_s, config.concurrency + 8)
@@ -332,6 +379,7 @@ class Regeneration:
                 done = read_summary(config.journal_dir)
                 if done is not None and config.output.is_file():
                     summary.status, summary.counts = ALREADY_COMPLETE, dict(done.get("counts", {}))
+                    summary.resumed = _done_before(journal, rows)
                     return summary
                 self._probe(prompter)
                 meta = {"model": identity.model_path, "model_fingerprint": fingerprint, "sampling": sampling,
@@ -368,7 +416,7 @@ class Regeneration:
         from tqdm import tqdm
 
         config = self.config
-        summary.resumed = sum(1 for row in rows if journal.done(row))
+        summary.resumed = _done_before(journal, rows)
         self.metrics.rows.labels("resumed").inc(summary.resumed)
         shard = f" (shard {config.shard_index}/{config.num_shards})" if config.num_shards > 1 else ""
         log.info("regenerating %d conversations of %s%s with %s into %s%s", len(rows), source.path, shard,

@@ -62,3 +62,14 @@ def test_a_server_without_the_dump_hook_says_nothing_of_it() -> None:
     other = {"model_path": "/m", "forward_hooks": [{"hook_factory": "someone.else:make", "config": {"dump_dir": "/x"}}]}
     info = ServerInfo.parse(other, KIMI)
     assert info.dump_dir is None and info.provides_final_prenorm is None and info.hook_storage is None
+
+
+def test_context_length_is_the_servers_else_the_model_configs() -> None:
+    """issue 39, item 3: the embedded server (and SGLang with --context-length) says it; else config.json's
+    max_position_embeddings; neither: unknown."""
+    shape = {"model_path": "/m", "num_hidden_layers": 8, "hidden_size": 64, "vocab_size": 1024}
+    assert ServerInfo.parse({**shape, "context_length": 4096}, {"max_position_embeddings": 32768}).context_length == 4096
+    assert ServerInfo.parse({**shape, "context_length": None}, {"max_position_embeddings": 32768}).context_length == 32768
+    assert ServerInfo.parse({**shape, "context_length": 0}, {}).context_length is None  # the embedded server's "unknown"
+    info = ServerInfo("/m", 8, 64, 1024, "float32", [1, 3, 4], "/x", "hsextract-embedded", True, context_length=2048)
+    assert ServerInfo.parse(info.to_json(), {}) == info

@@ -152,3 +152,22 @@ def test_no_progress_hides_every_bar_the_saving_of_the_dataset_included(
                  "--specforge-template", "qwen", "--no-progress"]) == 0  # fmt: skip
     printed = capfd.readouterr()
     assert "Saving the dataset" not in printed.err + printed.out and "it/s" not in printed.err
+
+
+def test_max_seq_len_beyond_the_models_context_is_warned(
+    chatml_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """issue 39, item 3: rows longer than the context would be refused by extract; said before any row is read."""
+    import logging
+    import shutil
+
+    model = tmp_path / "model-64"
+    shutil.copytree(chatml_model, model)
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 64}))
+    source = _write(tmp_path / "c.jsonl", [GOOD])
+    with caplog.at_level(logging.WARNING, logger="hsextract.prepare"):
+        run_prepare(_config(model, source, tmp_path / "fits", max_seq_len=63))
+        assert not caplog.records
+        run_prepare(_config(model, source, tmp_path / "beyond", max_seq_len=100))
+    message = caplog.records[0].getMessage()
+    assert "--max-seq-len 100" in message and "max_position_embeddings 64" in message and "--max-seq-len 63" in message
