@@ -4,15 +4,13 @@ the default keeps the server logs of the runs before it."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import socket
 import subprocess
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from .answering_http import answering
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,30 +75,6 @@ def test_the_default_run_uses_those_paths_and_keeps_the_last_server_logs(tmp_pat
 
 
 # -- issue 39 items 8 and 14: make status and make logs look where make extract runs ---------------------------------
-@contextlib.contextmanager
-def _answering(body: str) -> Iterator[int]:
-    """A local HTTP server answering every GET with 200 and ``body``; yields its port."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # the name http.server calls
-            data = body.encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield int(server.server_address[1])
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def _make(target: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     # -o: .venv is set up already; HSX_INVENTORY_CONFIGURED= and INVENTORY=: no inventory, this machine
     command = ["make", "-s", "--no-print-directory", "-C", str(ROOT), "-o", ".venv/.setup-done", target,
@@ -116,7 +90,7 @@ def test_make_status_takes_the_ports_and_output_make_extract_takes(tmp_path: Pat
     and showed the old work/output."""
     output = tmp_path / "mine"
     output.mkdir()
-    with _answering("ok") as server_port, _answering(METRICS) as metrics_port:
+    with answering("ok") as server_port, answering(METRICS) as metrics_port:
         done = _make("status", f"OUTPUT={output}", f"WORK={tmp_path / 'work'}",
                      env={"HSX_PORT": str(server_port), "HSX_METRICS_PORT": str(metrics_port)})  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -11,10 +11,8 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,8 @@ from hsextract.dev.sample_data import make_sample_data
 from hsextract.ops import fleet
 from hsextract.ops import status as ops_status
 from hsextract.ops.inventory import Target
+
+from ..answering_http import answering
 
 
 def _free_port() -> int:
@@ -112,29 +112,8 @@ hsextract_inflight_requests 4
 @pytest.fixture
 def http_server() -> Iterator[Callable[[int, str], int]]:
     """start(code, body): a local HTTP server answering every GET with that status and body; returns its port."""
-    servers: list[ThreadingHTTPServer] = []
-
-    def start(code: int, body: str) -> int:
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # the name http.server calls
-                data = body.encode()
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return int(server.server_address[1])
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    with contextlib.ExitStack() as servers:
+        yield lambda code, body: servers.enter_context(answering(body, code))
 
 
 def _held_lock(output: Path, record: dict[str, object], written: int) -> int:
