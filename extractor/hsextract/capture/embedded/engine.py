@@ -412,10 +412,10 @@ class Engine:
         self._emit(_Rows([segment], plain_ids, *gathered, fp8=fp8_rows), requests if last else [], began, started)
 
     def _forward_alone(self, requests: list[EngineRequest]) -> None:
-        (request,) = requests
-        self._prenorm = None
-        answer = answer_alone(self.base, request, self.device, self.capture, {self._cache_kwarg: throwaway_cache(self.config)})
-        self._spot_answers.resolve(request.future, answer)  # the scheduler goes on: no wait for the states
+        self._prenorm = None  # set again during this forward by _grab_prenorm (the scheduler thread's, never the decoder's)
+        cache = {self._cache_kwarg: throwaway_cache(self.config)}
+        answer = answer_alone(self.base, requests[0], self.device, self.capture, cache, lambda: self._prenorm)
+        self._spot_answers.resolve(requests[0].future, answer)  # the scheduler goes on: no wait for the states
 
     def _gather(
         self, rows: Callable[[torch.Tensor], torch.Tensor], states: Sequence[torch.Tensor], prenorm: Any, with_prenorm: bool

@@ -51,21 +51,20 @@ def move_spot_checks(waiting: deque[EngineRequest], alone: deque[EngineRequest])
 
 @torch.inference_mode()
 def answer_alone(
-    base: Any, request: EngineRequest, device: torch.device, capture: list[int], cache: Any
+    base: Any, request: EngineRequest, device: torch.device, capture: list[int], cache: Any, prenorm: Callable[[], Any]
 ) -> Callable[[], SpotCheckAnswer]:
     """Launch one unbatched forward of the row; the returned call waits for its states and gives the answer.
+    ``prenorm`` gives the input of the final norm in the forward just run (the engine's own hook keeps it).
 
     On a GPU the states are copied to pinned host memory without waiting and the call waits on an event:
     a blocking copy on the scheduler thread drained the device's queue of forwards for every check."""
     ids = torch.tensor(request.input_ids, dtype=torch.int64).unsqueeze(0).to(device)
-    prenorm: list[torch.Tensor] = []
-    grab = base.norm.register_forward_hook(lambda module, args, output: prenorm.append(args[0]))
-    try:
-        states = base(input_ids=ids, output_hidden_states=True, **cache).hidden_states
-    finally:
-        grab.remove()
+    states = base(input_ids=ids, output_hidden_states=True, **cache).hidden_states
+    before_norm = prenorm()
+    if before_norm is None:
+        raise RuntimeError("the pre-norm hook on the model's final norm did not run")
     aux = torch.cat([states[c][0] for c in capture], dim=-1).float()
-    final, before = states[-1][0].float(), prenorm[-1][0].float()
+    final, before = states[-1][0].float(), before_norm[0].float()
     neighbours = torch.cat([states[capture[0] - 1][0], states[capture[0] + 1][0]], dim=-1).float()
     found = (aux, final, before, neighbours)
     if device.type != "cuda":
