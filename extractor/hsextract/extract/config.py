@@ -138,7 +138,7 @@ class ExtractConfig(StrictConfig):
         3, gt=0, description="stop the run after this many spot-checked rows differed from their dumps"
     )
     spot_check_margin: float = Field(
-        2.0,
+        defaults.SPOT_CHECK_MARGIN,
         gt=1.0,
         description="a spot-checked tensor matches when the dump is this many times closer to the engine's state than "
         "that state is to its nearest alternative (another captured layer, the same layer a token off); norm-wise, "

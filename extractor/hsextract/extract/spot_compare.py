@@ -40,12 +40,13 @@ from dataclasses import dataclass
 
 import torch
 
+from hsextract.contract import defaults
 from hsextract.contract.dumps import Dump
 from hsextract.contract.fp8 import FP8_DTYPE
 from hsextract.contract.spot_check import SpotCheckAnswer
 
 #: a match is at least this many times closer to the engine's state than that state is to its nearest alternative
-DEFAULT_MARGIN = 2.0
+DEFAULT_MARGIN = defaults.SPOT_CHECK_MARGIN
 #: the engine's state stored in the dump's dtype, for the rounding floor
 _STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
