@@ -172,9 +172,9 @@ def hardware(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # -- model and data -------------------------------------------------------------------------------
-def make_model(directory: Path, args: argparse.Namespace, device: torch.device) -> None:
-    """A random-weight Llama of the requested shape, made on ``device`` and saved."""
-    config = transformers.LlamaConfig(
+def llama_config(args: argparse.Namespace) -> Any:
+    """The Llama of the requested shape (``--hidden``, ``--layers``, ...), Llama-3's RoPE and norm settings."""
+    return transformers.LlamaConfig(
         vocab_size=args.vocab,
         hidden_size=args.hidden,
         intermediate_size=args.intermediate,
@@ -186,6 +186,11 @@ def make_model(directory: Path, args: argparse.Namespace, device: torch.device) 
         rms_norm_eps=1e-5,
         tie_word_embeddings=False,
     )
+
+
+def make_model(directory: Path, args: argparse.Namespace, device: torch.device) -> None:
+    """A random-weight Llama of the requested shape, made on ``device`` and saved."""
+    config = llama_config(args)
     torch.manual_seed(0)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(args.torch_dtype)

@@ -2,7 +2,7 @@
 
 Per model (``--models``; nothing downloaded, random bf16 weights made on the GPU):
 
-* ``8b``: the 8B-shaped Llama of ``bench_gpu_e2e.py`` (hidden 4096, 32 layers);
+* ``8b``: the 8B-shaped Llama of ``bench_gpu_e2e.py`` (its ``llama_config``: hidden 4096, 32 layers);
 * ``kimi``: Kimi-K2.5's shapes in the DeepSeek-V3 architecture: hidden 7168, 64 heads, its MLA ranks
   (q 1536, kv 512, rope 64, nope 128, v 128), a dense first layer and then a mixture of experts routed
   8 of ``--kimi-experts`` with one shared expert, over ``--kimi-layers`` layers (the real model's 61
@@ -85,20 +85,6 @@ def kimi_config(args: argparse.Namespace) -> Any:
         v_head_dim=args.kimi_v,
         max_position_embeddings=8192,
         rope_theta=50000.0,
-        tie_word_embeddings=False,
-    )
-
-
-def llama_config(args: argparse.Namespace) -> Any:
-    return transformers.LlamaConfig(
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        max_position_embeddings=8192,
-        rope_theta=500000.0,
         tie_word_embeddings=False,
     )
 
@@ -377,7 +363,7 @@ def main() -> int:
         model_dir = work / "model"
         results: dict[str, Any] = {"config": {k: str(v) for k, v in vars(args).items()}}
         data["models"][f"{name}{args.label}"] = results
-        results["model"] = make_model(model_dir, kimi_config(args) if name == "kimi" else llama_config(args), args)
+        results["model"] = make_model(model_dir, kimi_config(args) if name == "kimi" else e2e.llama_config(args), args)
         results["dataset"] = make_dataset(work / "data.jsonl", args.rows, args)
         results["every_row_dataset"] = make_dataset(work / "every.jsonl", args.every_row_rows, args, seed=8)
         make_dataset(work / "faults.jsonl", 64, args, seed=9)
