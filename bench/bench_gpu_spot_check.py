@@ -11,18 +11,20 @@ Per model (``--models``; nothing downloaded, random bf16 weights made on the GPU
 For each: ``hsextract serve --device cuda`` (a subprocess, as a user runs it) and ``--rows`` rows of
 log-normal lengths at the CLI's concurrency, ``--repeats`` times each, interleaved: the spot check off,
 at the CLI's default (the first row and 1 in 200) in bfloat16, and at the default in FP8 (speculators);
-then (after the faults) every row checked (``--every-row-rows`` rows) in bfloat16 and FP8. A clean run
+then (after the faults) every row checked (``--every-row-rows`` rows, ``--every-row-repeats`` times) in
+bfloat16 and FP8. A clean run
 must end ``complete`` with no row differing (a false alarm stops a default run). The faults: the same
 model in this process as :class:`~hsextract.dev.faulty_engines.FaultyEngine`, one dump-path fault at a
 time, with the CLI's defaults and ``spot_check_max_mismatches 1``: each fault must stop the run at the
 first checked row. Recorded: per run the status, rate and ``spot_checks``
 (per tensor: the worst error of a matching dump, the smallest distance to an alternative); per model the
 false alarms, the faults caught, and the default's cost (``default_vs_off_rate_ratio``: median rate with
-the default check over the median with it off; target >= 0.98).
+the default check over the median with it off; ``default_vs_off_pair_ratios``: the same per interleaved
+pair, whose median is the figure least moved by the machine's drift; target >= 0.98).
 
 ``--append`` adds a model's figures to an existing result file (one model per device call), replacing
-that model's; ``--phases faults`` runs only the faults and then every row checked on the same in-process
-engine (for a call too short to start a server too);
+that model's; ``--phases server`` leaves the faults out; ``--phases faults`` runs only the faults and then
+every row checked on the same in-process engine (for a call too short to start a server too);
 ``--deadline-s`` starts no phase past that many seconds. ``--cpu-smoke`` runs the whole script at toy
 sizes on the CPU (its numbers mean nothing).
 """
@@ -185,7 +187,7 @@ def default_plan(data: Path, args: argparse.Namespace) -> list[tuple[str, Path, 
 
 def every_row_plan(data: Path, args: argparse.Namespace) -> list[tuple[str, Path, dict[str, Any]]]:
     every = {"spot_check_every": 1, "spot_check_max_tokens": args.every_row_max_tokens}
-    return [("every_row_bf16", data, {**BF16, **every}), ("every_row_fp8", data, {**FP8, **every})]
+    return [("every_row_bf16", data, {**BF16, **every}), ("every_row_fp8", data, {**FP8, **every})] * args.every_row_repeats
 
 
 def clean_runs(url: str, plan: list[tuple[str, Path, dict[str, Any]]], work: Path, args: argparse.Namespace,
@@ -254,6 +256,7 @@ def headline(results: dict[str, Any]) -> dict[str, Any]:
         for name in ("off", "default_bf16")
     }
     ratio = statistics.median(rate["default_bf16"]) / statistics.median(rate["off"]) if all(rate.values()) else None
+    pairs = [default / off for off, default in zip(rate["off"], rate["default_bf16"], strict=False)]
     tensors: dict[str, dict[str, Any]] = {}
     for run in clean:
         for name, record in ((run["spot_checks"] or {}).get("tensors") or {}).items():
@@ -278,6 +281,8 @@ def headline(results: dict[str, Any]) -> dict[str, Any]:
         "false_alarm_rows": false_alarms,
         "checked_rows": sum((r["spot_checks"] or {}).get("checked_rows", 0) for r in clean),
         "default_vs_off_rate_ratio": ratio,
+        "default_vs_off_pair_ratios": pairs,
+        "default_vs_off_pair_ratio_median": statistics.median(pairs) if pairs else None,
         "default_cost_target_met": None if ratio is None else ratio >= TARGET_COST_RATIO,
         "faults_caught": f"{sum(f['caught_on_first_checked_row'] for f in faults)}/{len(faults)}",
         "per_tensor": tensors,
@@ -298,6 +303,7 @@ def parse_args() -> argparse.Namespace:
     add("--longest", type=int, default=1024)
     add("--repeats", type=int, default=3, help="runs of each clean setting")
     add("--every-row-rows", type=int, default=600, help="rows of the every-row-checked runs")
+    add("--every-row-repeats", type=int, default=3, help="runs of each every-row-checked setting")
     add("--every-row-max-tokens", type=int, default=defaults.SPOT_CHECK_MAX_TOKENS, help="their spot_check_max_tokens")
     add("--concurrency", type=int, default=ExtractConfig.model_fields["concurrency"].default)
     add("--max-batch-tokens", type=int, default=16384)
@@ -319,9 +325,13 @@ def parse_args() -> argparse.Namespace:
     add("--kimi-rope", type=int, default=64)
     add("--kimi-nope", type=int, default=128)
     add("--kimi-v", type=int, default=128)
-    add("--phases", default="clean", choices=["clean", "faults"],
-        help="clean: the subprocess server's runs and the faults (default); faults: the faults, then every row checked "
-        "on the same in-process engine (a short call)")
+    add(
+        "--phases",
+        default="clean",
+        choices=["clean", "server", "faults"],
+        help="clean: the subprocess server's runs and the faults (default); server: its runs alone; faults: the faults, "
+        "then every row checked on the same in-process engine (a short call)",
+    )
     add("--fault-estimate-s", type=float, default=120.0, help="time the fault phase needs (model load included)")
     add("--deadline-s", type=float, default=540.0, help="start no phase past this many seconds")
     add("--cpu-smoke", action="store_true", help="toy sizes on the CPU: checks the script end to end, measures nothing")
@@ -329,6 +339,7 @@ def parse_args() -> argparse.Namespace:
     args.device = "cpu" if args.cpu_smoke else "cuda"
     if args.cpu_smoke:
         args.rows, args.median, args.longest, args.repeats, args.every_row_rows = 40, 40, 200, 1, 12
+        args.every_row_repeats = 1
         args.concurrency, args.max_batch_tokens, args.chunked_prefill_size, args.vocab = 8, 512, 64, 1024
         args.hidden, args.intermediate, args.layers, args.heads, args.kv_heads = 64, 128, 8, 4, 2
         args.kimi_hidden, args.kimi_layers, args.kimi_heads, args.kimi_experts = 64, 8, 4, 4
@@ -369,13 +380,13 @@ def main() -> int:
         make_dataset(work / "faults.jsonl", 64, args, seed=9)
         save()
         log_path = work / "server.log"
-        phases = set(args.phases.split(","))
-        if "clean" in phases:
+        if args.phases in ("clean", "server"):
             server, url = e2e.start_server(model_dir, Path("/dev/shm") / f"hsx-bench-spot-{name}", _serve_args(args), log_path)
             try:
                 results["server_ready_s"] = e2e.wait_healthy(url, server, log_path)
                 clean_runs(url, default_plan(work / "data.jsonl", args), work, args, clock, results, save)
-                fault_runs(model_dir, work, work / "faults.jsonl", args, clock, results, save)
+                if args.phases == "clean":
+                    fault_runs(model_dir, work, work / "faults.jsonl", args, clock, results, save)
                 clean_runs(url, every_row_plan(work / "every.jsonl", args), work, args, clock, results, save)
             finally:
                 e2e.stop_server(server)

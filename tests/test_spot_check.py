@@ -27,7 +27,7 @@ import torch
 from hsextract.capture.embedded import Engine
 from hsextract.capture.embedded.config import ServeConfig
 from hsextract.capture.front import HttpFront
-from hsextract.contract.spot_check import SpotCheckAnswer, SpotCheckRequest
+from hsextract.contract.spot_check import STATES_MEDIA_TYPE, SpotCheckAnswer, SpotCheckRequest
 from hsextract.contract.states import RunStatus
 from hsextract.dev.faulty_engines import FAULTS, AuxOneLayerLate, FinalBeforeNorm
 from hsextract.dev.tiny_model import make_tiny_model
@@ -104,6 +104,40 @@ def test_the_answer_is_the_unbatched_forward_in_sglangs_shape(model_dir, serve) 
     assert torch.allclose(answer.final, out.hidden_states[-1][0], atol=1e-5)
     assert torch.allclose(answer.prenorm, prenorm[-1][0], atol=1e-5)
     assert not (server.dump_dir / "check-1").exists()  # never dumped
+
+
+def test_the_binary_answer_holds_the_json_answers_states_in_the_engines_dtype(model_dir, serve) -> None:  # type: ignore[no-untyped-def]
+    server = serve(model_dir("llama", "bfloat16"))
+    body = SpotCheckRequest("check-2", list(range(10, 60))).to_json()
+    as_json = httpx.post(server.url + "/generate", json=body, timeout=60)
+    binary = httpx.post(server.url + "/generate", json=body, headers={"Accept": STATES_MEDIA_TYPE}, timeout=60)
+    assert as_json.headers["content-type"].startswith("application/json")
+    assert binary.headers["content-type"] == STATES_MEDIA_TYPE
+    assert len(binary.content) * 4 < len(as_json.content)  # bf16 bytes, not decimal float32
+    from_json, from_binary = SpotCheckAnswer.parse(as_json.json()), SpotCheckAnswer.parse_states_bytes(binary.content)
+    assert from_json is not None and from_binary is not None and from_binary.rid == "check-2"
+    for name in ("hidden", "final", "prenorm", "neighbours"):
+        assert torch.equal(getattr(from_json, name), getattr(from_binary, name)), name
+    assert SpotCheckAnswer.parse_states_bytes(as_json.content) is None  # JSON is not taken for states
+
+
+def test_the_extractor_asks_for_the_binary_answer(model_dir, serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    server = serve(model_dir("llama", "bfloat16"))
+    seen: list[str] = []
+    httpx_post = httpx.Client.post
+
+    def post(client: httpx.Client, url: str, **kwargs: Any) -> httpx.Response:
+        response = httpx_post(client, url, **kwargs)
+        seen.append(response.headers.get("content-type", ""))
+        return response
+
+    with pytest.MonkeyPatch.context() as patch:  # watch the real client's real requests, change nothing
+        patch.setattr(httpx.Client, "post", post)
+        metrics = ExtractMetrics()
+        data = write_dataset(tmp_path / "data.jsonl")
+        summary = run_extraction(server.url, data, tmp_path / "out", metrics, spot_check_every=1)
+    assert summary.status is RunStatus.COMPLETE, summary.fatal_error
+    assert seen.count(STATES_MEDIA_TYPE) == spot_checks(metrics, "match") == len(LENGTHS)
 
 
 MODELS = {  # the tiny ones of the suite, and a deeper, wider one

@@ -63,14 +63,14 @@ def answer_alone(
     before_norm = prenorm()
     if before_norm is None:
         raise RuntimeError("the pre-norm hook on the model's final norm did not run")
-    aux = torch.cat([states[c][0] for c in capture], dim=-1).float()
-    final, before = states[-1][0].float(), before_norm[0].float()
-    neighbours = torch.cat([states[capture[0] - 1][0], states[capture[0] + 1][0]], dim=-1).float()
+    aux = torch.cat([states[c][0] for c in capture], dim=-1)  # the engine's dtype: half the copy and the answer of float32
+    final, before = states[-1][0], before_norm[0]
+    neighbours = torch.cat([states[capture[0] - 1][0], states[capture[0] + 1][0]], dim=-1)
     found = (aux, final, before, neighbours)
     if device.type != "cuda":
         ready = SpotCheckAnswer(request.rid, *found)
         return lambda: ready
-    host = [torch.empty(t.shape, dtype=torch.float32, pin_memory=True) for t in found]
+    host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in found]
     for target, source in zip(host, found, strict=True):
         target.copy_(source, non_blocking=True)
     copied = torch.cuda.Event()  # type: ignore[no-untyped-call]

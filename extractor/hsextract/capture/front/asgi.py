@@ -137,7 +137,8 @@ class _Routes:
         try:
             body = json.loads(data or b"null")
             if is_spot_check(body):  # the engine's own hidden states, not dumped (spot_check_route.py)
-                return await answer_spot_check(self.engine, body, self.drain, GENERATE_TIMEOUT_S)
+                accept = request.headers.get("accept", "")
+                return await answer_spot_check(self.engine, body, self.drain, GENERATE_TIMEOUT_S, accept)
             if wants_decoding(body):  # max_new_tokens > 0: the decode scheduler (generate_route.py)
                 return await answer_generation(self.engine, body, self.drain, self._hold, self._let_go, GENERATE_TIMEOUT_S)
             parsed = GenerateRequest.parse(body, self.engine.vocab_size)

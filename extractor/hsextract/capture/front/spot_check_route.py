@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from hsextract.capture.front.generate_route import Waiter
 from hsextract.contract.generate import error_body
-from hsextract.contract.spot_check import SpotCheckAnswer, SpotCheckRequest
+from hsextract.contract.spot_check import STATES_MEDIA_TYPE, SpotCheckAnswer, SpotCheckRequest
 from hsextract.errors import BadRequestError
 
 
@@ -29,8 +29,8 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse(error_body(status, message), status_code=status)
 
 
-async def answer_spot_check(engine: object, body: Any, drain: Waiter, timeout_s: float) -> Response:
-    """The response to a ``return_hidden_states`` body."""
+async def answer_spot_check(engine: object, body: Any, drain: Waiter, timeout_s: float, accept: str = "") -> Response:
+    """The response to a ``return_hidden_states`` body; binary when ``accept`` (the request's header) names it."""
     if not isinstance(engine, SpotCheckingEngine):
         return _error(400, "this server does not return hidden states: leave return_hidden_states out")
     try:
@@ -46,5 +46,7 @@ async def answer_spot_check(engine: object, body: Any, drain: Waiter, timeout_s:
         if type(exc).__name__ == "ShuttingDown":
             return _error(503, f"server shutting down: request {request.rid} was not finished; send it again")
         return _error(500, f"forward failed for {request.rid}: {type(exc).__name__}: {exc}")
+    if STATES_MEDIA_TYPE in accept:
+        return Response(answer.to_states_bytes(), media_type=STATES_MEDIA_TYPE)
     body = await asyncio.to_thread(answer.to_json_bytes, len(request.input_ids))
     return Response(body, media_type="application/json")
