@@ -42,17 +42,12 @@ import torch
 import transformers
 from bench_gpu_e2e import stop_server
 
-from hsextract.capture.embedded.config import ServeConfig
-from hsextract.capture.embedded.engine import Engine
-from hsextract.contract.dumps import HIDDEN_FILE, DumpSource, read_dump, write_dump, write_fp8_dump
-from hsextract.contract.fp8 import bytes_per_token, quantize_per_token
+from hsextract.api import Engine, ExtractConfig, Extraction, Sample, ServeConfig, SpecForgeFormat, iter_raw_rows, validate_row
+from hsextract.contract.files.dumps import HIDDEN_FILE, DumpSource, read_dump, write_dump, write_fp8_dump
+from hsextract.contract.files.fp8 import bytes_per_token, quantize_per_token
 from hsextract.contract.rids import make_rid
 from hsextract.dev.sample_data import make_sample_data
 from hsextract.dev.tiny_model import make_tiny_model
-from hsextract.extract.config import ExtractConfig
-from hsextract.extract.dataset import Sample, iter_raw_rows, validate_row
-from hsextract.extract.formats.specforge import SpecForgeFormat
-from hsextract.extract.run import Extraction
 
 log = logging.getLogger("bench_core")
 TARGETS = {"pack_vs_copy_ratio": 0.7, "e2e_vs_forward_ratio": 0.9}

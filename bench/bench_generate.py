@@ -70,10 +70,7 @@ def _peak(device: str) -> int:
 def run_server(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
     import httpx
 
-    from hsextract.capture.embedded import Engine
-    from hsextract.capture.embedded.config import ServeConfig
-    from hsextract.capture.embedded.decode import DECODE_PHASES
-    from hsextract.capture.front import HttpFront
+    from hsextract.api import DECODE_PHASES, Engine, HttpFront, ServeConfig
     from hsextract.contract.generate import GenerationAnswer, GenerationRequest, SamplingParams
 
     with tempfile.TemporaryDirectory() as dumps:

@@ -60,14 +60,9 @@ import httpx
 import torch
 import transformers
 
-from hsextract.capture.embedded import Engine
-from hsextract.capture.embedded.config import ServeConfig
-from hsextract.contract.dumps import read_dump
+from hsextract.api import Engine, ExtractConfig, Extraction, ExtractMetrics, ServeConfig, open_format
+from hsextract.contract.files.dumps import read_dump
 from hsextract.contract.rids import make_rid
-from hsextract.extract.config import ExtractConfig
-from hsextract.extract.formats import open_format
-from hsextract.extract.metrics import ExtractMetrics
-from hsextract.extract.run import Extraction
 
 log = logging.getLogger("bench_gpu_e2e")
 TARGETS = {"e2e_vs_forward_ratio": 0.9, "e2e_vs_limit_ratio": 0.9, "e2e_disk_tokens_per_s": 27000.0}
@@ -641,7 +636,7 @@ SAMPLER: GpuSampler
 
 def main() -> int:
     global SAMPLER
-    setup_logging("httpx", "httpcore", "transformers", "hsextract.extract.dataset")
+    setup_logging("httpx", "httpcore", "transformers", "hsextract.extract.planning.dataset")
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     args = parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():

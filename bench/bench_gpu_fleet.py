@@ -60,7 +60,7 @@ import httpx
 import torch
 import transformers
 
-from hsextract.contract.fp8 import FP8_STORAGE
+from hsextract.contract.files.fp8 import FP8_STORAGE
 
 log = logging.getLogger("bench_gpu_fleet")
 TARGETS = {"fleet_vs_limit_ratio": 0.9}

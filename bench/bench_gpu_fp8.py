@@ -29,10 +29,14 @@ import bench_gpu_e2e as e2e
 import torch
 from safetensors.torch import load_file
 
-from hsextract.contract.fp8 import FP8_STORAGE, dequantize, max_error_over_amax, quantize_per_token, relative_frobenius_error
-from hsextract.extract.config import ExtractConfig
-from hsextract.extract.metrics import ExtractMetrics
-from hsextract.extract.run import Extraction
+from hsextract.api import ExtractConfig, Extraction, ExtractMetrics
+from hsextract.contract.files.fp8 import (
+    FP8_STORAGE,
+    dequantize,
+    max_error_over_amax,
+    quantize_per_token,
+    relative_frobenius_error,
+)
 
 log = logging.getLogger("bench_gpu_fp8")
 TARGETS = {"fp8_vs_bf16_tokens_per_s_ratio": 1.0, "fp8_vs_bf16_bytes_ratio_max": 0.52}

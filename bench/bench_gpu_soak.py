@@ -34,9 +34,7 @@ from typing import Any
 import bench_gpu_e2e as e2e
 import torch
 
-from hsextract.extract.config import ExtractConfig
-from hsextract.extract.metrics import ExtractMetrics
-from hsextract.extract.run import Extraction
+from hsextract.api import ExtractConfig, Extraction, ExtractMetrics
 
 log = logging.getLogger("bench_gpu_soak")
 

@@ -48,13 +48,9 @@ import bench_gpu_e2e as e2e
 import torch
 import transformers
 
-from hsextract.capture.embedded.config import ServeConfig
-from hsextract.capture.front import HttpFront
+from hsextract.api import ExtractConfig, Extraction, ExtractMetrics, HttpFront, ServeConfig
 from hsextract.contract import defaults
 from hsextract.dev.faulty_engines import FAULT_NAMES, FaultyEngine
-from hsextract.extract.config import ExtractConfig
-from hsextract.extract.metrics import ExtractMetrics
-from hsextract.extract.run import Extraction
 
 log = logging.getLogger("bench_gpu_spot_check")
 TARGET_COST_RATIO = 0.98
@@ -350,7 +346,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
-    e2e.setup_logging("httpx", "httpcore", "transformers", "hsextract.extract.dataset", "hsextract.extract.progress")
+    e2e.setup_logging("httpx", "httpcore", "transformers", "hsextract.extract.planning.dataset", "hsextract.extract.progress")
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     clock = Clock(args.deadline_s)
     data: dict[str, Any] = json.loads(args.out.read_text()) if args.append and args.out.exists() else {}

@@ -33,9 +33,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from hsextract.capture import dump_sink
-from hsextract.capture.sglang.hook import HiddenStateDumper, HookConfig
-from hsextract.contract.dumps import HIDDEN_FILE, read_dump
+from hsextract.api import HiddenStateDumper, HookConfig, dump_sink
+from hsextract.contract.files.dumps import HIDDEN_FILE, read_dump
 from hsextract.contract.rids import make_rid
 
 TARGETS = {"hold_p90_ms_max": 10.0, "sustained_gb_per_s_min": 2.0}

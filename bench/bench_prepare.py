@@ -30,10 +30,9 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
+from hsextract.api import PrepareConfig, run_prepare
 from hsextract.dev.sample_data import make_sample_conversations
 from hsextract.dev.tokenizer import write_tokenizer
-from hsextract.prepare.config import PrepareConfig
-from hsextract.prepare.run import run_prepare
 
 VOCAB = 4096
 

@@ -27,12 +27,10 @@ import transformers
 from bench_core import VOCAB, _free_port, _wait_healthy
 from bench_gpu_e2e import stop_server
 
+from hsextract.api import ExtractConfig, Extraction, ExtractMetrics
 from hsextract.contract import defaults
 from hsextract.dev.sample_data import make_sample_data
 from hsextract.dev.tiny_model import make_tiny_model
-from hsextract.extract.config import ExtractConfig
-from hsextract.extract.metrics import ExtractMetrics
-from hsextract.extract.run import Extraction
 
 log = logging.getLogger("bench_spot_check")
 TARGET = 0.98  # the spot check at its default costs under 2 % of the run

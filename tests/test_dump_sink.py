@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hsextract.capture.dump_sink import DumpSink, ExtendBatch, Segment
-from hsextract.contract.dumps import DumpSource, dump_path, dump_state, read_dump, read_error
+from hsextract.contract.files.dumps import DumpSource, dump_path, dump_state, read_dump, read_error
 from hsextract.contract.rids import make_rid, parse_rid
 from hsextract.errors import DumpError
 

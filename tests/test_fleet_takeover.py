@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 from hsextract.dev.sample_data import make_sample_data
-from hsextract.extract.manifest import Manifest
-from hsextract.extract.merge import merge_outputs
-from hsextract.extract.verify import verify_output
+from hsextract.output.manifest import Manifest
+from hsextract.output.merge import merge_outputs
+from hsextract.output.verify import verify_output
 
 from .helpers import run_extraction
 from .test_resume import extract_command

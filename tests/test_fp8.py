@@ -14,14 +14,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hsextract.cli import main
-from hsextract.contract.fp8 import FP8_STORAGE, max_error_over_amax, relative_frobenius_error
+from hsextract.contract.files.fp8 import FP8_STORAGE, max_error_over_amax, relative_frobenius_error
 from hsextract.dev.sample_data import make_sample_data
 from hsextract.errors import ConfigError, IdentityMismatchError, MergeError
-from hsextract.extract.checksum import file_checksum
 from hsextract.extract.config import ExtractConfig
-from hsextract.extract.formats import open_format
-from hsextract.extract.merge import merge_outputs
-from hsextract.extract.verify import verify_output
+from hsextract.output.checksum import file_checksum
+from hsextract.output.formats import open_format
+from hsextract.output.merge import merge_outputs
+from hsextract.output.verify import verify_output
 
 from .helpers import run_extraction
 

@@ -16,7 +16,7 @@ import transformers
 from hsextract.contract.generate import GenerationAnswer, GenerationRequest, SamplingParams
 from hsextract.contract.rids import make_rid
 from hsextract.errors import BadSampleError
-from hsextract.extract.generation_client import generate
+from hsextract.extract.requests.generation_client import generate
 
 PROMPT_LENGTHS = (5, 17, 9, 30, 3, 12, 21, 8)
 NEW_TOKENS = (8, 4, 10, 6, 9, 5, 7, 8)

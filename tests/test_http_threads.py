@@ -25,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from hsextract.contract.generate import GenerateAnswer, GenerateRequest
-from hsextract.extract.client import ServerClient
+from hsextract.extract.requests.client import ServerClient
 
 THREADS, REQUESTS_EACH = 96, 30
 

@@ -14,9 +14,9 @@ import torch
 from hsextract.cli import main
 from hsextract.dev.sample_data import make_sample_data
 from hsextract.errors import MergeError
-from hsextract.extract.formats import open_format
-from hsextract.extract.merge import MERGE_MARKER, merge_outputs
-from hsextract.extract.verify import verify_output
+from hsextract.output.formats import open_format
+from hsextract.output.merge import MERGE_MARKER, merge_outputs
+from hsextract.output.verify import verify_output
 
 from .helpers import run_extraction
 

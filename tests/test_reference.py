@@ -15,7 +15,7 @@ import torch
 import transformers
 
 from hsextract.dev.sample_data import make_sample_data
-from hsextract.extract.formats import open_format
+from hsextract.output.formats import open_format
 
 from .helpers import run_extraction
 

@@ -301,7 +301,7 @@ def test_pipeline_regenerate_prepare_extract_verify_then_all_skipped(fake: FakeS
                                                                        capsys: Any) -> None:
     import yaml
 
-    from hsextract.extract.data_config import read_data_config
+    from hsextract.output.data_config import read_data_config
 
     model = model_dir()
     fake.model_path = str(model)

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from hsextract.dev.sample_data import make_sample_data
-from hsextract.extract.formats import open_format
+from hsextract.output.formats import open_format
 
 from .helpers import VOLATILE_FIELDS, run_extraction
 

@@ -18,24 +18,24 @@ from pathlib import Path
 import pytest
 import torch
 
-from hsextract.contract.dumps import DumpSource, write_dump
+from hsextract.contract.files.dumps import DumpSource, write_dump
 from hsextract.contract.generate import GenerateAnswer, GenerateRequest, duplicate_rid_message, error_body
 from hsextract.contract.server_info import ServerInfo
 from hsextract.contract.states import ErrorReason
 from hsextract.extract import row_worker
-from hsextract.extract.client import ServerClient
+from hsextract.extract.checks.dump_checks import DumpExpectation
 from hsextract.extract.config import ExtractConfig
-from hsextract.extract.dataset import Sample
-from hsextract.extract.dump_checks import DumpExpectation
-from hsextract.extract.formats import open_format
 from hsextract.extract.ledger import Ledger
-from hsextract.extract.manifest import Manifest
 from hsextract.extract.metrics import ExtractMetrics
-from hsextract.extract.open_requests import OpenRequests
+from hsextract.extract.requests.client import ServerClient
+from hsextract.extract.requests.open_requests import OpenRequests
+from hsextract.extract.requests.server_gate import ServerGate
 from hsextract.extract.row_worker import RowWorker
-from hsextract.extract.server_gate import ServerGate
-from hsextract.extract.serving_hints import sglang_serving
 from hsextract.extract.setup import RunSetup
+from hsextract.output.formats import open_format
+from hsextract.output.manifest import Manifest
+from hsextract.output.sample import Sample
+from hsextract.output.serving_hints import sglang_serving
 
 AUX, HIDDEN = [1, 3, 4], 8
 SOURCE = DumpSource("test-peer", "0", "/models/peer", AUX, [a + 1 for a in AUX], final_layer_id=7)

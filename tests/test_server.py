@@ -15,7 +15,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from hsextract.capture.front.asgi import MAX_BODY_BYTES
-from hsextract.contract.dumps import read_dump
+from hsextract.contract.files.dumps import read_dump
 from hsextract.contract.generate import GenerateRequest, error_body
 from hsextract.contract.rids import make_rid
 

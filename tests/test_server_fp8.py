@@ -6,9 +6,9 @@ from __future__ import annotations
 import httpx
 import torch
 
-from hsextract.capture.embedded.engine import EngineRequest
-from hsextract.contract.dumps import Dump, read_dump
-from hsextract.contract.fp8 import FP8_DTYPE, FP8_STORAGE, dequantize, max_error_over_amax, relative_frobenius_error
+from hsextract.capture.embedded.request import EngineRequest
+from hsextract.contract.files.dumps import Dump, read_dump
+from hsextract.contract.files.fp8 import FP8_DTYPE, FP8_STORAGE, dequantize, max_error_over_amax, relative_frobenius_error
 from hsextract.contract.rids import make_rid
 from hsextract.contract.server_info import STORAGE_KEY
 

@@ -12,7 +12,7 @@ from hsextract.dev.sample_data import make_sample_data
 from hsextract.extract.config import ExtractConfig
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.run import Extraction
-from hsextract.extract.verify import verify_output
+from hsextract.output.verify import verify_output
 
 from .helpers import free_port, run_extraction
 

@@ -136,7 +136,7 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from hsextract.extract.verify import verify_output
+    from hsextract.output.verify import verify_output
 
     report = verify_output(args.output)
     print(report.summary())
@@ -144,8 +144,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
-    from hsextract.extract.merge import merge_outputs
-    from hsextract.extract.verify import verify_output
+    from hsextract.output.merge import merge_outputs
+    from hsextract.output.verify import verify_output
 
     check_creatable(args.into, "merge target", "--into")  # before the shards are read or gathered over SSH
     shards: list[Path] = list(args.shards)
@@ -176,7 +176,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
 
 def _cmd_draft_config(args: argparse.Namespace) -> int:
-    from hsextract.extract.drafter import eagle_config_for, read_output_layers, write_eagle_config
+    from hsextract.output.drafter import eagle_config_for, read_output_layers, write_eagle_config
 
     layers = read_output_layers(args.output, args.family)
     if args.write is None:
@@ -188,7 +188,7 @@ def _cmd_draft_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_check_draft(args: argparse.Namespace) -> int:
-    from hsextract.extract.drafter import check_draft, read_output_layers
+    from hsextract.output.drafter import check_draft, read_output_layers
 
     result = check_draft(read_output_layers(args.output, args.family), args.draft_config)
     if result.ok:

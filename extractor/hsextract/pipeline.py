@@ -158,9 +158,9 @@ def run_pipeline(steps: Steps) -> int:
     """Run the steps; the exit code of the first that did not complete, else 0 (verify: 1 on a bad output)."""
     from hsextract.contract.states import RunStatus
     from hsextract.exit_codes import EXIT_FATAL, EXIT_INCOMPLETE, EXIT_INTERRUPTED
-    from hsextract.extract.data_config import read_data_config, record_sources
     from hsextract.extract.run import Extraction
-    from hsextract.extract.verify import verify_output
+    from hsextract.output.data_config import read_data_config, record_sources
+    from hsextract.output.verify import verify_output
     from hsextract.prepare.run import run_prepare
     from hsextract.regen.run import ALREADY_COMPLETE, COMPLETE, INTERRUPTED, Regeneration, completed
 

@@ -74,7 +74,7 @@ def check_prepare_template(prepare: Any, config_path: Path) -> str | None:
 
 def check_extract_output(extract: Any, prepare: Any, config_path: Path) -> None:
     """ConfigError when extract's ``output`` was started with another format, length, shard or preparation."""
-    from hsextract.extract.identity import IDENTITY_FILE, read_identity
+    from hsextract.output.identity import IDENTITY_FILE, read_identity
 
     identity = read_identity(Path(extract.output)) if Path(extract.output).is_dir() else None
     if identity is None:

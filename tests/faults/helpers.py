@@ -32,7 +32,7 @@ import httpx
 import pytest
 
 from hsextract.dev.tiny_model import make_tiny_model
-from hsextract.extract.verify import verify_output
+from hsextract.output.verify import verify_output
 
 from ..helpers import VOLATILE_FIELDS, free_port
 

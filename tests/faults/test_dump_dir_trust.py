@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hsextract.capture.dump_sink import DumpSink, ExtendBatch, Segment
-from hsextract.contract.dumps import DumpSource, read_dump, write_dump
+from hsextract.contract.files.dumps import DumpSource, read_dump, write_dump
 from hsextract.contract.rids import make_rid, parse_rid
 from hsextract.errors import UnsafeDumpDirError
 

@@ -22,7 +22,7 @@ from hsextract.capture.embedded import Engine
 from hsextract.capture.embedded.config import ServeConfig
 from hsextract.capture.front import HttpFront
 from hsextract.dev.sample_data import make_sample_data
-from hsextract.extract.verify import verify_output
+from hsextract.output.verify import verify_output
 
 from ..helpers import free_port, run_extraction
 from .helpers import SSHServer

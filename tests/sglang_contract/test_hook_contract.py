@@ -12,8 +12,8 @@ from sglang.srt.runtime_context import get_parallel
 from hsextract.capture.sglang import hook as sglang_hook
 from hsextract.capture.sglang.config import SGLangLaunchConfig
 from hsextract.capture.sglang.launcher import hook_specs
-from hsextract.contract.dumps import dump_state, read_dump, read_error
-from hsextract.contract.fp8 import dequantize, quantize_per_token, relative_frobenius_error
+from hsextract.contract.files.dumps import dump_state, read_dump, read_error
+from hsextract.contract.files.fp8 import dequantize, quantize_per_token, relative_frobenius_error
 from hsextract.contract.hook_config import HookConfig
 from hsextract.contract.rids import make_rid
 from hsextract.errors import ConfigError

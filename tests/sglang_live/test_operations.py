@@ -25,7 +25,7 @@ from hsextract.contract.generate import GenerateRequest
 from hsextract.contract.model_config import read_model_config
 from hsextract.contract.server_info import ServerInfo
 from hsextract.errors import RidInUseError
-from hsextract.extract.client import ServerClient
+from hsextract.extract.requests.client import ServerClient
 
 from .helpers import (
     CHUNK,

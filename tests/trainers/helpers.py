@@ -30,7 +30,7 @@ from speculators.train.data import ArrowDataset
 from speculators.train.dataloader import _setup_dataloader
 
 from hsextract.dev.tiny_model import make_tiny_model
-from hsextract.extract.formats import open_format
+from hsextract.output.formats import open_format
 
 from ..helpers import RunningServer, run_extraction
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hsextract.contract.fp8 import dequantize, quantize_per_token
+from hsextract.contract.files.fp8 import dequantize, quantize_per_token
 
 fp8_utils = pytest.importorskip("hs_connectors.fp8_utils")
 

@@ -13,9 +13,9 @@ from speculators.train.data import ArrowDataset
 from speculators.train.recovery import SampleUnavailable
 
 from hsextract.dev.tiny_model import make_tiny_model
-from hsextract.extract.formats import open_format
-from hsextract.extract.merge import merge_outputs
-from hsextract.extract.verify import verify_output
+from hsextract.output.formats import open_format
+from hsextract.output.merge import merge_outputs
+from hsextract.output.verify import verify_output
 
 from ..helpers import RunningServer, run_extraction
 from .helpers import BAD_ROW, MAX_SEQ_LEN, ROWS, VOCAB, Output, add_checkpoint_index, load_all, write_dataset

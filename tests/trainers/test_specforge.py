@@ -16,8 +16,8 @@ from specforge.config.schema import Config, DataConfig
 from specforge.modeling.target.target_head import TargetHead
 
 from hsextract.contract.layers import default_aux_layer_ids
-from hsextract.extract.formats import open_format
-from hsextract.extract.formats.specforge import SPECFORGE_DEFAULT_MAX_LENGTH, SPECFORGE_DTYPE
+from hsextract.output.formats import open_format
+from hsextract.output.formats.specforge import SPECFORGE_DEFAULT_MAX_LENGTH, SPECFORGE_DTYPE
 
 from .helpers import BAD_ROW, MAX_SEQ_LEN, load_all
 

@@ -22,8 +22,8 @@ from speculators.train.dataloader import _setup_dataloader
 from speculators.train.recovery import SampleUnavailable
 
 from hsextract.contract.layers import capture_indices, default_aux_layer_ids
-from hsextract.extract.formats import open_format
-from hsextract.extract.formats.speculators import SPECULATORS_DEFAULT_TOTAL_SEQ_LEN
+from hsextract.output.formats import open_format
+from hsextract.output.formats.speculators import SPECULATORS_DEFAULT_TOTAL_SEQ_LEN
 
 from .helpers import BAD_ROW, ROWS, assert_multipack_collates_every_written_token, dataset_from_flags
 

@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 from speculators.train.data import ArrowDataset
 from speculators.train.recovery import SampleUnavailable
 
-from hsextract.contract.fp8 import FP8_STORAGE
-from hsextract.extract.formats import open_format
+from hsextract.contract.files.fp8 import FP8_STORAGE
+from hsextract.output.formats import open_format
 
 from .helpers import BAD_ROW, ROWS, Output, arrow_dataset, assert_multipack_collates_every_written_token
 

@@ -12,8 +12,8 @@ from datasets import load_from_disk
 from speculators.train.cli import parse_vocab_mappings
 from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution, save_token_frequency_distribution
 
-from hsextract.extract.formats import format_class, token_freq
-from hsextract.extract.verify import verify_output
+from hsextract.output.formats import format_class, token_freq
+from hsextract.output.verify import verify_output
 
 from .helpers import VOCAB
 

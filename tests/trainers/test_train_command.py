@@ -11,9 +11,9 @@ import pytest
 from specforge.config.schema import load_config
 from speculators.train.config import TrainConfig
 
-from hsextract.extract.data_config import read_data_config
 from hsextract.extract.outcome import summary_lines
-from hsextract.extract.serving_hints import sglang_serving
+from hsextract.output.data_config import read_data_config
+from hsextract.output.serving_hints import sglang_serving
 
 
 def _command(out_path: Path) -> list[str]:

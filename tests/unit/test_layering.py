@@ -1,6 +1,7 @@
-"""The package's shape, read from its source with ``ast``: ``capture/`` never reaches ``extract/`` (directly,
-through ``hsextract.config`` or any module between), no import circle among hsextract's modules, no module
-over 500 lines."""
+"""The package's shape, read from its source with ``ast``: each part imports only the parts below it
+(``LAYERS``), ``capture/`` never reaches ``extract/`` (directly, through ``hsextract.config`` or any module
+between), no import circle among hsextract's modules (``TYPE_CHECKING`` imports included), no module over
+500 lines, no folder over 15, a docstring atop every folder, and the benchmarks on the public face alone."""
 
 from __future__ import annotations
 
@@ -11,11 +12,45 @@ from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
+import pytest
+
 import hsextract
-from hsextract.extract.formats import FORMATS
+from hsextract.output.formats import FORMATS
 
 PACKAGE = Path(hsextract.__file__).parent
+BENCH = PACKAGE.parents[1] / "bench"
 MAX_LINES = 500
+MAX_MODULES_PER_FOLDER = 15
+#: what each part of the package may import besides itself (a part: a top-level folder or module). The
+#: way down: durable -> contract -> capture | prepare | output -> extract -> ops | regen -> pipeline -> cli.
+#: ``errors`` (the exceptions every part raises) reads ``contract.states``' reasons; the small shared modules
+#: (``errors``, ``paths``, ``exit_codes``, ``ports``, ``config``) sit beside contract.
+BASE = {"errors", "paths", "exit_codes", "ports"}
+LAYERS: dict[str, set[str]] = {
+    "errors": {"contract"},
+    "paths": {"errors"},
+    "exit_codes": set(),
+    "ports": {"errors"},
+    "durable": {"errors"},
+    "contract": {"durable", *BASE},
+    "config": {"contract", *BASE},
+    "capture": {"contract", "config", *BASE},
+    "prepare": {"contract", "durable", "config", *BASE},
+    "output": {"contract", "durable", *BASE},
+    "evaluate": set(),
+    "dev": {"capture", "contract", "durable", "output", *BASE},
+    "extract": {"contract", "durable", "output", "prepare", "config", *BASE},
+    "ops": {"contract", "durable", "output", *BASE},
+    "regen": {"contract", "durable", "extract", "ops", "prepare", "config", *BASE},
+    "pipeline_checks": {"output", "prepare", *BASE},
+    "pipeline": {"contract", "extract", "output", "prepare", "regen", "pipeline_checks", "config", *BASE},
+    "api": {"capture", "contract", "extract", "output", "prepare"},
+    "sglang_hook": {"capture"},
+    "cli": {"capture", "contract", "dev", "extract", "ops", "output", "pipeline", "prepare", "regen", "config", *BASE},
+    "__main__": {"cli"},
+}
+#: what ``bench/`` may import: the names exported on purpose (``hsextract.api``'s docstring)
+PUBLIC = {"api", "cli", "contract", "dev", "evaluate", "errors"}
 #: modules still over MAX_LINES, each to be split (empty once the last one is)
 TOO_LONG_FOR_NOW: set[str] = set()
 #: import circles still to be broken, as sorted module tuples (empty once the last one is)
@@ -77,7 +112,7 @@ def _imports(module: str, *, with_type_checking: bool) -> Iterator[str]:
     for target in walk(ast.parse(path.read_text()).body):
         if target != module:
             yield target
-    if module == "hsextract.extract.formats":  # the registry loads each format's module by name
+    if module == "hsextract.output.formats":  # the registry loads each format's module by name
         yield from (entry.module for entry in FORMATS.values())
 
 
@@ -140,6 +175,68 @@ def _chain(via: dict[str, str], start: str, end: str) -> str:
     return " -> ".join(reversed(chain))
 
 
+def _part(module: str) -> str:
+    """``hsextract.extract.checks.spot_check`` -> ``extract``; the package itself -> ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_each_part_imports_only_the_parts_below_it() -> None:
+    assert {_part(m) for m in modules()} - {"__init__"} == set(LAYERS), "a new part: give it its place in LAYERS"
+    wrong = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph(with_type_checking=True).items()
+        for target in targets
+        if _part(module) != "__init__" and _part(target) not in {_part(module), "__init__"} | LAYERS[_part(module)]
+    )
+    assert not wrong, "imports against the layering (LAYERS):\n" + "\n".join(wrong)
+
+
+def test_the_layers_have_no_circle() -> None:
+    edges = {part: allowed - {"contract"} if part == "errors" else allowed for part, allowed in LAYERS.items()}
+    assert circles(edges) == []
+
+
+def test_no_folder_over_15_modules_and_each_says_what_it_holds() -> None:
+    folders = {path.parent for path in PACKAGE.rglob("*.py")}
+    for folder in sorted(folders):
+        if folder.name == "__pycache__":
+            continue
+        count = len(list(folder.glob("*.py")))
+        assert count <= MAX_MODULES_PER_FOLDER + 1, f"{folder.relative_to(PACKAGE)}: {count} modules (split it)"
+        init = folder / "__init__.py"
+        assert init.is_file() and ast.get_docstring(ast.parse(init.read_text())), (
+            f"{folder.relative_to(PACKAGE)}/__init__.py: say what lives there and what it may import"
+        )
+
+
+def _bench_imports(path: Path) -> Iterator[tuple[int, str]]:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hsextract"):
+            yield node.lineno, node.module
+        elif isinstance(node, ast.Import):
+            yield from ((node.lineno, a.name) for a in node.names if a.name.startswith("hsextract"))
+
+
+def test_the_benchmarks_use_the_public_face() -> None:
+    wrong = [
+        f"bench/{path.name}:{line}: {module}"
+        for path in sorted(BENCH.glob("*.py"))
+        for line, module in _bench_imports(path)
+        if module == "hsextract" or module.split(".")[1] not in PUBLIC
+    ]
+    assert not wrong, "bench/ reaches into the package (export the name in hsextract.api):\n" + "\n".join(wrong)
+
+
+def test_every_public_name_loads() -> None:
+    import hsextract.api as api
+
+    for name in api.__all__:
+        assert getattr(api, name) is not None, name
+    with pytest.raises(AttributeError, match="exports"):
+        api.not_a_name  # noqa: B018
+
+
 def test_capture_never_reaches_extract() -> None:
     runtime = graph()
     direct = graph(with_type_checking=True)
@@ -168,7 +265,7 @@ def test_capture_loads_no_extract_module() -> None:
 
 
 def test_no_import_circle() -> None:
-    found = set(circles(graph()))
+    found = set(circles(graph(with_type_checking=True)))
     new = found - KNOWN_CIRCLES
     assert not new, "import circles (a module-level or function-level import, or the format registry):\n" + "\n".join(
         " <-> ".join(circle) for circle in sorted(new)

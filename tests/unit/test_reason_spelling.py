@@ -9,8 +9,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from hsextract.contract.states import ErrorReason
-from hsextract.extract.dataset import iter_rows
 from hsextract.extract.metrics import ExtractMetrics
+from hsextract.extract.planning.dataset import iter_rows
 from hsextract.prepare.conversation import BadRow
 from hsextract.prepare.readers import open_input
 from hsextract.regen.metrics import RegenMetrics

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from hsextract.capture.stages import StageClock
-from hsextract.contract.dump_dir import prepare_dump_root
-from hsextract.contract.dumps import (
+from hsextract.contract.files.dump_dir import prepare_dump_root
+from hsextract.contract.files.dumps import (
     FINAL_SLOT_POSTNORM,
     FINAL_SLOT_PRENORM,
     DumpSource,

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from hsextract.capture.dump_sink import ExtendBatch, Fp8Rows, Segment
-from hsextract.contract.fp8 import FP8_DTYPE
+from hsextract.contract.files.fp8 import FP8_DTYPE
 
 
 class PinnedBuffer:

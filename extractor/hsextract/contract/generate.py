@@ -1,7 +1,7 @@
 """``POST /generate``: the one request the extractor sends and the answer it reads, the generation
 request and answer (``max_new_tokens > 0``: :class:`GenerationRequest`, :class:`GenerationAnswer`), and the routes.
 
-The client (:mod:`hsextract.extract.client`), the embedded server
+The client (:mod:`hsextract.extract.requests.client`), the embedded server
 (:mod:`hsextract.capture.front.http`) and the tests all build and read these messages here, so
 the two sides cannot drift. The shapes are SGLang's (``GenerateReqInput`` in
 ``sglang/srt/managers/io_struct.py`` and its ``/generate`` answer for ``max_new_tokens: 0``), plus
@@ -17,8 +17,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from hsextract.contract.files.storages import STORAGES
 from hsextract.contract.server_info import FINAL_PRENORM_KEY, STORAGE_KEY
-from hsextract.contract.storages import STORAGES
 from hsextract.errors import BadRequestError
 
 # -- routes (SGLang's names) -------------------------------------------------------------------------

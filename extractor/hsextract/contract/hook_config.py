@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hsextract.contract.files.storages import STORAGES
 from hsextract.contract.rids import DEFAULT_PREFIX, check_prefix
-from hsextract.contract.storages import STORAGES
 from hsextract.errors import ConfigError
 
 #: the ``--forward-hooks`` factories the launcher registers in SGLang

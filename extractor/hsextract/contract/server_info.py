@@ -21,7 +21,7 @@ from hsextract.errors import ServerError
 #: ``/generate`` key asking a server that says ``final_prenorm_per_request`` to dump the pre-norm state
 FINAL_PRENORM_KEY = "hsextract_final_prenorm"
 #: ``/generate`` key asking a server that says ``fp8_per_request`` to dump this request as FP8
-#: (value ``"float8_e4m3fn"``, :data:`hsextract.contract.fp8.FP8_STORAGE`)
+#: (value ``"float8_e4m3fn"``, :data:`hsextract.contract.files.fp8.FP8_STORAGE`)
 STORAGE_KEY = "hsextract_storage"
 #: the dump hook's storage when its config has none: the model's dtype
 MODEL_DTYPE_STORAGE = "auto"

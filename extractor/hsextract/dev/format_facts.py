@@ -8,7 +8,7 @@ the ``/dev/shm`` filter (``roles/hsx_container_env/filter_plugins/shm_budget.py`
 
     python -m hsextract.dev.format_facts [--check] [REPO]
 
-writes the file (``--check``: exit 1 when the committed one differs); ``tests/unit/extract/test_formats.py``
+writes the file (``--check``: exit 1 when the committed one differs); ``tests/unit/output/test_formats.py``
 checks it too.
 """
 
@@ -21,14 +21,14 @@ from typing import Any
 
 import yaml
 
-from hsextract.extract.formats import FORMATS, format_class
-from hsextract.extract.formats.base import AUTO_STORAGE
+from hsextract.output.formats import FORMATS, format_class
+from hsextract.output.formats.base import AUTO_STORAGE
 
 #: the generated file, relative to the repository root
 FACTS_FILE = Path("roles/hsx_extractor/vars/formats.yml")
 _HEADER = (
     "---\n"
-    "# Generated from hsextract's output-format registry (extractor/hsextract/extract/formats/) by\n"
+    "# Generated from hsextract's output-format registry (extractor/hsextract/output/formats/) by\n"
     "# `python -m hsextract.dev.format_facts`: do not edit; a unit test checks it against the registry.\n"
     "# Read by roles/hsx_extractor/tasks/preflight.yml and roles/hsx_container_env/filter_plugins/shm_budget.py.\n"
 )

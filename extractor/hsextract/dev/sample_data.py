@@ -7,7 +7,7 @@ import os
 import random
 from pathlib import Path
 
-from hsextract.contract.atomic import temp_path
+from hsextract.durable.atomic import temp_path
 
 
 def make_sample_data(path: Path, num: int = 64, vocab_size: int = 4096, seed: int = 0, max_len: int = 6000) -> Path:

@@ -15,12 +15,12 @@ from hsextract.config import IntList, RidPrefix, StrictConfig
 from hsextract.contract import defaults
 from hsextract.contract.layers import DEFAULT_AUX_LAYERS_TEXT, LAYER_IDS_HELP
 from hsextract.errors import ConfigError
-from hsextract.extract.formats import DEFAULT_FORMAT, FORMAT_NAMES
+from hsextract.output.formats import DEFAULT_FORMAT, FORMAT_NAMES
 
 if TYPE_CHECKING:
     FormatName = str
 else:
-    #: the output formats' names, from their registry (hsextract.extract.formats): one choice per format
+    #: the output formats' names, from their registry (hsextract.output.formats): one choice per format
     FormatName = Literal[FORMAT_NAMES]
 
 
@@ -184,7 +184,7 @@ class ExtractConfig(StrictConfig):
     @model_validator(mode="after")
     def _storage(self) -> ExtractConfig:
         # the format owns what it can store; a ConfigError (not a validation error) carries its own fix
-        from hsextract.extract.formats import format_class
+        from hsextract.output.formats import format_class
 
         format_class(self.format).check_storage(self.storage)
         return self

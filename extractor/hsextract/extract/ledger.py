@@ -16,13 +16,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from hsextract.contract.atomic import is_disk_full
 from hsextract.contract.states import ErrorKind, ErrorReason, RunStatus
+from hsextract.durable.atomic import is_disk_full
 from hsextract.errors import BadSampleError, DiskFullError, HsextractError, ServerError, SpotCheckMismatchError
-from hsextract.extract.checksum import WrittenFile
-from hsextract.extract.dataset import Sample
-from hsextract.extract.manifest import ErrorRecord, Manifest, WrittenSample
 from hsextract.extract.metrics import ExtractMetrics
+from hsextract.output.checksum import WrittenFile
+from hsextract.output.manifest import ErrorRecord, Manifest, WrittenSample
+from hsextract.output.sample import Sample
 
 log = logging.getLogger(__name__)
 

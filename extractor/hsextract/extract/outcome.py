@@ -12,14 +12,14 @@ from pathlib import Path
 from hsextract import __version__
 from hsextract.contract.layers import capture_indices, layer_numbering_line, recorded_layer_ids
 from hsextract.contract.states import ErrorKind, RunStatus
-from hsextract.extract.data_config import DATA_FORMAT_VERSION, DataConfig, loss_mask_source, previous_data_config
-from hsextract.extract.formats import format_class
+from hsextract.extract.checks.spot_check import SpotCheckCounts
 from hsextract.extract.ledger import Ledger
-from hsextract.extract.manifest import Manifest
-from hsextract.extract.plan import Plan
-from hsextract.extract.serving_hints import SGLangServing, serving_line
+from hsextract.extract.planning.plan import Plan
 from hsextract.extract.setup import RunSetup
-from hsextract.extract.spot_check import SpotCheckCounts
+from hsextract.output.data_config import DATA_FORMAT_VERSION, DataConfig, loss_mask_source, previous_data_config
+from hsextract.output.formats import format_class
+from hsextract.output.manifest import Manifest
+from hsextract.output.serving_hints import SGLangServing, serving_line
 
 
 @dataclass

@@ -10,13 +10,14 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from hsextract.contract.atomic import is_temp_name
-from hsextract.contract.dump_dir import check_dump_root
-from hsextract.contract.fp8 import FP8_STORAGE
+from hsextract.contract.files.dump_dir import check_dump_root
+from hsextract.contract.files.fp8 import FP8_STORAGE
 from hsextract.contract.layers import resolve_aux_layer_ids, server_layers_mismatch
 from hsextract.contract.model_config import read_model_config
 from hsextract.contract.server_info import ServerInfo
 from hsextract.contract.sglang_capture import ModelFamily, family_of
+from hsextract.durable.atomic import is_temp_name
+from hsextract.durable.lock import LOCK_FILE
 from hsextract.errors import (
     ConfigError,
     DiskSpaceError,
@@ -24,15 +25,20 @@ from hsextract.errors import (
     OutputError,
     ServerError,
 )
-from hsextract.extract.client import ServerClient
 from hsextract.extract.config import ExtractConfig
-from hsextract.extract.context_fit import log_context_limit
-from hsextract.extract.data_config import DATA_CONFIG_FILE, read_data_config
-from hsextract.extract.dataset import dataset_kind
-from hsextract.extract.dataset_shape import check_shape
-from hsextract.extract.formats import FORMATS, format_class, open_format
-from hsextract.extract.formats.base import OutputFormat
-from hsextract.extract.identity import (
+from hsextract.extract.metrics import ExtractMetrics
+from hsextract.extract.planning.context_fit import log_context_limit
+from hsextract.extract.planning.dataset import dataset_kind
+from hsextract.extract.planning.dataset_shape import check_shape
+from hsextract.extract.planning.plan import Plan
+from hsextract.extract.planning.scan import DatasetScan
+from hsextract.extract.planning.served_tokenizer import check_served_tokenizer
+from hsextract.extract.requests.client import ServerClient
+from hsextract.extract.setup import RunSetup
+from hsextract.output.data_config import DATA_CONFIG_FILE, read_data_config
+from hsextract.output.formats import FORMATS, format_class, open_format
+from hsextract.output.formats.base import OutputFormat
+from hsextract.output.identity import (
     IDENTITY_FILE,
     DatasetIdentity,
     ModelIdentity,
@@ -43,14 +49,8 @@ from hsextract.extract.identity import (
     reconcile_identity,
     write_identity,
 )
-from hsextract.extract.lock import LOCK_FILE
-from hsextract.extract.manifest import SAMPLES_FILE, read_jsonl
-from hsextract.extract.metrics import ExtractMetrics
-from hsextract.extract.plan import Plan
-from hsextract.extract.scan import DatasetScan
-from hsextract.extract.served_tokenizer import check_served_tokenizer
-from hsextract.extract.serving_hints import SGLangServing, sglang_serving
-from hsextract.extract.setup import RunSetup
+from hsextract.output.manifest import SAMPLES_FILE, read_jsonl
+from hsextract.output.serving_hints import SGLangServing, sglang_serving
 from hsextract.prepare.provenance import read_provenance
 
 log = logging.getLogger(__name__)

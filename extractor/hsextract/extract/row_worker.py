@@ -7,7 +7,7 @@ logged once, counted (``hsextract_late_answers_total``) and cancelled, never wai
 other way round, an answer without a dump waits ``dump_timeout_s`` for it (the SGLang hook writes
 after answering). What a failure means (retry, skip the row, stop the run) is the error's own
 ``fatal`` / ``retryable`` (:mod:`hsextract.errors`), with two kinds that spend no try: a server that
-takes no connections is waited for (:mod:`hsextract.extract.server_gate`), and a rid the server
+takes no connections is waited for (:mod:`hsextract.extract.requests.server_gate`), and a rid the server
 still holds from an earlier request (cancelled, or unfinished) is sent again once it is let go.
 """
 
@@ -20,11 +20,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hsextract.contract.atomic import disk_full_text, is_disk_full
-from hsextract.contract.dumps import Dump, completed_at, dump_state, read_dump, read_error, remove_dump
+from hsextract.contract.files.dumps import Dump, completed_at, dump_state, read_dump, read_error, remove_dump
 from hsextract.contract.generate import GenerateRequest
 from hsextract.contract.rids import make_rid
 from hsextract.contract.states import DumpState, ErrorReason
+from hsextract.durable.atomic import disk_full_text, is_disk_full
 from hsextract.errors import (
     BadSampleError,
     DiskFullError,
@@ -35,18 +35,18 @@ from hsextract.errors import (
     SpotCheckMismatchError,
     TransientServerError,
 )
-from hsextract.extract.checksum import WrittenFile
-from hsextract.extract.client import PendingAnswer, ServerClient
+from hsextract.extract.checks.dump_checks import DumpExpectation, check_dump
+from hsextract.extract.checks.spot_check import SpotChecker
 from hsextract.extract.config import ExtractConfig
-from hsextract.extract.dataset import Sample
-from hsextract.extract.dump_checks import DumpExpectation, check_dump
-from hsextract.extract.formats.base import OutputFormat
 from hsextract.extract.ledger import Ledger, disk_full_error
 from hsextract.extract.metrics import ExtractMetrics
-from hsextract.extract.open_requests import OpenRequest, OpenRequests
-from hsextract.extract.server_gate import ServerGate
+from hsextract.extract.requests.client import PendingAnswer, ServerClient
+from hsextract.extract.requests.open_requests import OpenRequest, OpenRequests
+from hsextract.extract.requests.server_gate import ServerGate
 from hsextract.extract.setup import RunSetup
-from hsextract.extract.spot_check import SpotChecker
+from hsextract.output.checksum import WrittenFile
+from hsextract.output.formats.base import OutputFormat
+from hsextract.output.sample import Sample
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ output ends up byte-identical to an uninterrupted run's.
 The parts: each row goes through a :class:`~hsextract.extract.row_worker.RowWorker` (send, wait for
 the dump or the answer, check, write) on one of ``concurrency`` threads; the
 :class:`~hsextract.extract.ledger.Ledger` records what happened to it and holds the counters and the
-fatal stop; :class:`~hsextract.extract.open_requests.StallWatchdog` watches the open rows. This
+fatal stop; :class:`~hsextract.extract.requests.open_requests.StallWatchdog` watches the open rows. This
 module plans, streams the rows to the workers and writes the summary.
 
 The first request goes alone; the run fans out to ``concurrency`` once one sample is written. A
@@ -32,36 +32,37 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from hsextract.contract.atomic import is_disk_full, is_temp_name, remove_quietly
-from hsextract.contract.dumps import Dump
+from hsextract.contract.files.dumps import Dump
 from hsextract.contract.states import RunStatus
+from hsextract.durable.atomic import is_disk_full, is_temp_name, remove_quietly
+from hsextract.durable.lock import OutputLock
 from hsextract.errors import BadSampleError, DiskFullError, HsextractError, ServerError
-from hsextract.extract.client import ServerClient
+from hsextract.extract.checks.dump_checks import DumpExpectation
+from hsextract.extract.checks.spot_check import SpotChecker
+from hsextract.extract.checks.stale_dumps import sweep_stale_dumps
 from hsextract.extract.config import ExtractConfig
-from hsextract.extract.context_fit import check_fits_context
-from hsextract.extract.data_config import write_data_config
-from hsextract.extract.dataset import Sample, iter_raw_rows, iter_rows, validate_row
-from hsextract.extract.dump_checks import DumpExpectation
-from hsextract.extract.formats import format_class
-from hsextract.extract.formats.base import OutputFormat
-from hsextract.extract.identity import OutputIdentity, write_identity
 from hsextract.extract.ledger import Ledger, disk_full_error
-from hsextract.extract.lock import OutputLock
-from hsextract.extract.manifest import Manifest, WrittenSample
 from hsextract.extract.metrics import ExtractMetrics
-from hsextract.extract.open_requests import OpenRequests, StallWatchdog
-from hsextract.extract.ordering import shortest_first
 from hsextract.extract.outcome import RunSummary, build_data_config, summarize, trainable
-from hsextract.extract.plan import Plan, Planner
+from hsextract.extract.planning.context_fit import check_fits_context
+from hsextract.extract.planning.dataset import iter_raw_rows, iter_rows, validate_row
+from hsextract.extract.planning.ordering import shortest_first
+from hsextract.extract.planning.plan import Plan, Planner
+from hsextract.extract.planning.resume_check import check_resume
+from hsextract.extract.planning.scan import DatasetScan, scan_dataset
 from hsextract.extract.preflight import check_disk, check_output_dir, establish_identity, log_lengths, prepare
 from hsextract.extract.progress import Progress
-from hsextract.extract.resume_check import check_resume
+from hsextract.extract.requests.client import ServerClient
+from hsextract.extract.requests.open_requests import OpenRequests, StallWatchdog
+from hsextract.extract.requests.server_gate import ServerGate
 from hsextract.extract.row_worker import RowWorker
-from hsextract.extract.scan import DatasetScan, scan_dataset
-from hsextract.extract.server_gate import ServerGate
 from hsextract.extract.setup import RunSetup
-from hsextract.extract.spot_check import SpotChecker
-from hsextract.extract.stale_dumps import sweep_stale_dumps
+from hsextract.output.data_config import write_data_config
+from hsextract.output.formats import format_class
+from hsextract.output.formats.base import OutputFormat
+from hsextract.output.identity import OutputIdentity, write_identity
+from hsextract.output.manifest import Manifest, WrittenSample
+from hsextract.output.sample import Sample
 from hsextract.paths import make_directory
 from hsextract.ports import check_metrics_port
 

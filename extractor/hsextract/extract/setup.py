@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hsextract.contract.layers import capture_indices
-from hsextract.extract.dump_checks import DumpExpectation
+from hsextract.extract.checks.dump_checks import DumpExpectation
 
 if TYPE_CHECKING:
     from hsextract.contract.server_info import ServerInfo
     from hsextract.extract.config import ExtractConfig
-    from hsextract.extract.formats.base import OutputFormat
-    from hsextract.extract.identity import OutputIdentity
-    from hsextract.extract.serving_hints import SGLangServing
+    from hsextract.output.formats.base import OutputFormat
+    from hsextract.output.identity import OutputIdentity
+    from hsextract.output.serving_hints import SGLangServing
 
 
 @dataclass(frozen=True)

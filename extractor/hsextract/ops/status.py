@@ -32,11 +32,11 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from hsextract.contract import defaults
-from hsextract.extract.data_config import DATA_CONFIG_FILE
-from hsextract.extract.lock import LOCK_FILE
-from hsextract.extract.manifest import SAMPLES_FILE
+from hsextract.durable.lock import LOCK_FILE
 from hsextract.ops.inventory import Target, load_inventory
 from hsextract.ops.runners import LocalRunner, Runner, SSHRunner
+from hsextract.output.data_config import DATA_CONFIG_FILE
+from hsextract.output.manifest import SAMPLES_FILE
 
 log = logging.getLogger(__name__)
 

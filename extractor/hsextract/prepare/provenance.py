@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hsextract.contract.atomic import atomic_write_bytes
+from hsextract.durable.atomic import atomic_write_bytes
 from hsextract.errors import ConfigError
 
 PROVENANCE_FILE = "prepare.json"

@@ -16,7 +16,6 @@ errors file, ``prepare.json`` last), which is renamed to ``OUT`` in one step.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -25,10 +24,12 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from hsextract.contract.atomic import temp_path
-from hsextract.errors import ConfigError, OutputLockedError
+from hsextract.durable.atomic import atomic_write_bytes
+from hsextract.durable.lock import OutputLock
+from hsextract.durable.sync import sync_dir, sync_handle
+from hsextract.errors import ConfigError
 from hsextract.prepare.provenance import ERRORS_FILE, PROVENANCE_FILE, Provenance, Settings, write_provenance
 from hsextract.prepare.rows import Outcome
 
@@ -66,23 +67,6 @@ def _schema() -> Any:
     )
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    tmp = temp_path(path)
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
 class PreparedWriter:
     def __init__(self, output: Path, settings: Settings, progress: bool = True) -> None:
         self.output = Path(output)
@@ -90,7 +74,7 @@ class PreparedWriter:
         self.progress = progress  # False: no bar, datasets' "Saving the dataset" included
         self.staging = self.output.with_name(self.output.name + ".partial")
         self.parts_dir = self.staging / "parts"
-        self._lock: IO[str] | None = None
+        self._lock: OutputLock | None = None
 
     # -- state -------------------------------------------------------------------------------------------------
     def check_output(self) -> bool:
@@ -122,12 +106,9 @@ class PreparedWriter:
     def open(self) -> list[PartRecord]:
         """Create or reopen the staging directory (locked); the parts finished so far."""
         self.parts_dir.mkdir(parents=True, exist_ok=True)
-        self._lock = open(self.staging / "lock", "w")  # noqa: SIM115 - held (flock) until finish() or close()
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise OutputLockedError(f"another hsextract prepare is writing {self.output} (it holds {self.staging}/lock); "
-                                    "wait for it to finish") from None
+        lock = OutputLock(self.staging, command="prepare", name="lock")
+        lock.acquire()  # held until finish() or close()
+        self._lock = lock
         settings_path = self.staging / "settings.json"
         if settings_path.is_file():
             recorded = json.loads(settings_path.read_text(encoding="utf-8"))
@@ -139,7 +120,7 @@ class PreparedWriter:
                     f"rerun with the same options to resume it, or remove {self.staging} to start over"
                 )
         else:
-            _write_durably(settings_path, json.dumps(asdict(self.settings), indent=2).encode())
+            atomic_write_bytes(settings_path, json.dumps(asdict(self.settings), indent=2).encode(), sync=True)
         return self._read_journal()
 
     def _read_journal(self) -> list[PartRecord]:
@@ -194,14 +175,13 @@ class PreparedWriter:
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, table.schema) as ipc:
             ipc.write_table(table)
-        _write_durably(base.with_suffix(".arrow"), sink.getvalue().to_pybytes())
+        atomic_write_bytes(base.with_suffix(".arrow"), sink.getvalue().to_pybytes(), sync=True)
         text = "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in errors)
-        _write_durably(base.with_suffix(".errors.jsonl"), text.encode())
-        _fsync_dir(self.parts_dir)
+        atomic_write_bytes(base.with_suffix(".errors.jsonl"), text.encode(), sync=True)
+        sync_dir(self.parts_dir)
         with open(self.staging / "journal.jsonl", "ab") as journal:
             journal.write((json.dumps(asdict(record)) + "\n").encode())
-            journal.flush()
-            os.fsync(journal.fileno())
+            sync_handle(journal)
         return record
 
     def finish(self, records: list[PartRecord], provenance: Provenance) -> None:
@@ -232,20 +212,19 @@ class PreparedWriter:
             for r in records:
                 with open(self.parts_dir / f"part-{r.part:06d}.errors.jsonl", "rb") as part_errors:
                     shutil.copyfileobj(part_errors, errors)
-            errors.flush()
-            os.fsync(errors.fileno())
+            sync_handle(errors)
         write_provenance(final, provenance)
-        _fsync_dir(final)
+        sync_dir(final)
         if self.output.exists():
             self.output.rmdir()  # checked empty before the run
         os.rename(final, self.output)
-        _fsync_dir(self.output.parent)
+        sync_dir(self.output.parent)
         self.close()
         shutil.rmtree(self.staging, ignore_errors=True)
 
     def close(self) -> None:
         if self._lock is not None:
-            self._lock.close()
+            self._lock.release()
             self._lock = None
 
 

@@ -14,7 +14,7 @@ Rids are ``regen-<run>-<row>-<turn>-<attempt>``: not the extraction form ``<pref
 (``contract/rids.py``), so an extraction server's dump hook never dumps them, and a new one per try, so
 a retry never meets the server still holding the request it replaces (SGLang's "Duplicate request ID").
 
-Answers are classified as the extractor's client does (``extract/client.py``): no connection ->
+Answers are classified as the extractor's client does (``extract/requests/client.py``): no connection ->
 :class:`ServerUnreachableError` (the run waits for the server); 408, 429, 5xx, a timeout, a dropped
 connection, a duplicate rid or an abort without a 400 -> :class:`TransientServerError` (retried with
 backoff); another 400 with a JSON body -> :class:`BadRequestError` (this prompt is refused: the row is
@@ -39,8 +39,8 @@ from hsextract.contract.generate import (
     is_duplicate_rid,
 )
 from hsextract.errors import BadRequestError, ServerUnreachableError, TransientServerError, WrongServerError
-from hsextract.extract.client import ServerClient, json_body
-from hsextract.extract.http_threads import RequestsCancelled, ThreadedHTTP
+from hsextract.extract.requests.client import ServerClient, json_body
+from hsextract.extract.requests.http_threads import RequestsCancelled, ThreadedHTTP
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def _abort(body: Any) -> dict[str, Any] | None:
 
 class GenerateClient:
     """Health and identity through the extractor's :class:`ServerClient`; decode requests on threads that
-    each own their connection (``extract/http_threads.py`` says why)."""
+    each own their connection (``extract/requests/http_threads.py`` says why)."""
 
     def __init__(self, base_url: str, request_timeout_s: float, max_threads: int) -> None:
         self.base_url = base_url.rstrip("/")

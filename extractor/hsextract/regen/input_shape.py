@@ -11,7 +11,7 @@ import itertools
 from typing import Any
 
 from hsextract.errors import ConfigError
-from hsextract.extract.dataset_shape import CONVERSATION_FIELDS, SHAPE_ROWS
+from hsextract.extract.planning.dataset_shape import CONVERSATION_FIELDS, SHAPE_ROWS
 from hsextract.prepare.readers import InputDataset
 
 

@@ -14,22 +14,22 @@
   record wins).
 - ``errors.jsonl`` and ``summary.json``, written at the end (``writer.py``); ``summary.json`` last, so
   the output is complete exactly when it exists.
-- ``extract.lock``: one run per journal (``extract/lock.py``).
+- ``extract.lock``: one run per journal (``durable/lock.py``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hsextract.contract.atomic import atomic_write_bytes
+from hsextract.durable.atomic import atomic_write_bytes
+from hsextract.durable.lock import OutputLock
+from hsextract.durable.sync import sync_handle
 from hsextract.errors import IdentityMismatchError, OutputError
-from hsextract.extract.lock import OutputLock
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class Journal:
         self.settled: dict[int, Settled] = {}
         self._lock = threading.Lock()
         self._file: Any = None
-        self._output_lock = OutputLock(self.directory)
+        self._output_lock = OutputLock(self.directory, command="regenerate")
 
     @classmethod
     def open(cls, directory: Path, identity: RegenIdentity) -> Journal:
@@ -190,7 +190,7 @@ class Journal:
             log.warning("%s: the last record was cut by a kill; its row is done again", self.rows_path)
             with open(self.rows_path, "r+b") as handle:
                 handle.truncate(complete)
-                os.fsync(handle.fileno())
+                sync_handle(handle)
 
     def done(self, row: int) -> bool:
         """Whether ``row`` needs no request this run (settled, and not a retryable failure)."""
@@ -203,8 +203,7 @@ class Journal:
         with self._lock:
             offset = self._file.tell()
             self._file.write(line)
-            self._file.flush()
-            os.fsync(self._file.fileno())
+            sync_handle(self._file)
             self.settled[int(record["row"])] = Settled.of(record, offset)
 
     def record(self, row: int) -> dict[str, Any]:

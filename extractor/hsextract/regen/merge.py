@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hsextract.contract.atomic import atomic_write_bytes
+from hsextract.durable.atomic import atomic_write_bytes
 from hsextract.errors import MergeError
 from hsextract.regen.config import shard_rows
 from hsextract.regen.conversation import META_KEY

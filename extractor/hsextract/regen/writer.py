@@ -14,7 +14,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from hsextract.contract.atomic import atomic_write_bytes, remove_quietly, temp_path
+from hsextract.durable.atomic import atomic_write_bytes, remove_quietly, temp_path
+from hsextract.durable.sync import sync_file, sync_handle
 from hsextract.regen.journal import ERRORS_FILE, OK, SUMMARY_FILE, Journal
 
 
@@ -31,8 +32,7 @@ def _write_jsonl(path: Path, rows: Iterator[dict[str, Any]]) -> int:
         for row in rows:
             handle.write((json.dumps(row, ensure_ascii=False, default=str) + "\n").encode())
             count += 1
-        handle.flush()
-        os.fsync(handle.fileno())
+        sync_handle(handle)
     return count
 
 
@@ -42,8 +42,7 @@ def _write_parquet(path: Path, rows: Iterator[dict[str, Any]]) -> int:
 
     table = pa.Table.from_pylist(list(rows))
     pq.write_table(table, path)
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
+    sync_file(path)
     return int(table.num_rows)
 
 

@@ -1,11 +1,11 @@
 """The /dev/shm size a deployment needs: the one place its formula lives (docs/deploy.md, "/dev/shm size").
 
-Every request in flight can hold one dump on the tmpfs (the dump contract, hsextract/contract/dumps.py):
+Every request in flight can hold one dump on the tmpfs (the dump contract, hsextract/contract/files/dumps.py):
 per token the K aux hidden states, the final (post-norm) one and, for a format that needs it (speculators),
 the final pre-norm one, each ``hidden_size`` elements of the model's dtype. So::
 
     bytes per token = (K + 1 [+ 1 pre-norm]) x hidden_size x bytes per element (bfloat16/float16 2, float32 4)
-    FP8 (dtype float8_e4m3fn, formats that store it; hsextract/contract/fp8.py): the server quantizes on the GPU and
+    FP8 (dtype float8_e4m3fn, formats that store it; hsextract/contract/files/fp8.py): the server quantizes on the GPU and
     dumps (K + 1) slots (the last one the pre-norm final state) of 1 byte plus a float32 scale per token:
     bytes per token = (K + 1) x hidden_size + 4
     size (MiB)      = ceil(concurrency x max_seq_len x bytes per token x headroom / 2**20), at least min_mb

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hsextract.contract.fp8 import FP8_STORAGE
+from hsextract.contract.files.fp8 import FP8_STORAGE
 from hsextract.contract.generate import GenerateAnswer, GenerateRequest, error_body
 from hsextract.contract.server_info import FINAL_PRENORM_KEY, STORAGE_KEY
 from hsextract.errors import BadRequestError

@@ -9,8 +9,9 @@ import pytest
 
 from hsextract.contract.states import ErrorReason
 from hsextract.errors import BadSampleError
-from hsextract.extract.context_fit import check_fits_context, log_context_limit
-from hsextract.extract.dataset import Sample, validate_row
+from hsextract.extract.planning.context_fit import check_fits_context, log_context_limit
+from hsextract.extract.planning.dataset import validate_row
+from hsextract.output.sample import Sample
 
 
 def _sample(tokens: int, max_seq_len: int) -> Sample:
@@ -41,7 +42,7 @@ def test_an_unknown_context_checks_nothing() -> None:
 
 
 def test_the_start_says_when_rows_can_be_refused_or_go_unchecked(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="hsextract.extract.context_fit"):
+    with caplog.at_level(logging.INFO, logger="hsextract.extract.planning.context_fit"):
         log_context_limit(context_length=64, max_seq_len=32)
         assert not caplog.records  # the cut keeps every row within the context
         log_context_limit(context_length=64, max_seq_len=100)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from hsextract.errors import BadSampleError, ConfigError
-from hsextract.extract.dataset import dataset_kind, iter_raw_rows, validate_row
+from hsextract.extract.planning.dataset import dataset_kind, iter_raw_rows, validate_row
 
 
 def test_good_row_is_truncated_and_keeps_its_length() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hsextract.cli import main
-from hsextract.extract.dataset_shape import read_shape
+from hsextract.extract.planning.dataset_shape import read_shape
 
 
 def _closed_port_url() -> str:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hsextract.contract.dumps import Dump, DumpMeta, DumpSource
+from hsextract.contract.files.dumps import Dump, DumpMeta, DumpSource
+from hsextract.contract.files.finite import all_finite
 from hsextract.errors import DumpError, LayerMismatchError
-from hsextract.extract.dump_checks import DumpExpectation, all_finite, check_dump
+from hsextract.extract.checks.dump_checks import DumpExpectation, check_dump
 
 T, K, H = 4, 3, 8
 EXPECT = DumpExpectation([1, 3, 4], [2, 4, 5], H, "float32", need_final_prenorm=False)

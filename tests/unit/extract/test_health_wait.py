@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from hsextract.errors import ServerError, WrongServerError
-from hsextract.extract.client import ServerClient
+from hsextract.extract.requests.client import ServerClient
 
 #: status, body, content type
 Answer = tuple[int, bytes, str]

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from hsextract.extract.http_threads import RequestsCancelled, ThreadedHTTP
+from hsextract.extract.requests.http_threads import RequestsCancelled, ThreadedHTTP
 
 RELEASE = threading.Event()
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from hsextract.contract.states import ErrorReason, RunStatus
 from hsextract.errors import BadSampleError, DumpError, LayerMismatchError, WrongServerError
-from hsextract.extract.checksum import WrittenFile
-from hsextract.extract.dataset import Sample
 from hsextract.extract.ledger import Ledger
-from hsextract.extract.manifest import Manifest
 from hsextract.extract.metrics import ExtractMetrics
+from hsextract.output.checksum import WrittenFile
+from hsextract.output.manifest import Manifest
+from hsextract.output.sample import Sample
 
 
 def _ledger(tmp_path: Path, max_consecutive_failures: int = 3) -> Ledger:

@@ -18,24 +18,25 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hsextract.config import add_config_arguments, load_config
-from hsextract.contract.atomic import temp_path
-from hsextract.contract.dumps import Dump, DumpMeta, DumpSource
+from hsextract.contract.files.dumps import Dump, DumpMeta, DumpSource
 from hsextract.contract.server_info import ServerInfo
 from hsextract.contract.states import RunStatus
 from hsextract.dev import format_facts
+from hsextract.durable.atomic import temp_path
 from hsextract.errors import ConfigError
-from hsextract.extract import formats, preflight
-from hsextract.extract.checksum import WrittenFile, file_checksum
-from hsextract.extract.data_config import read_data_config, write_data_config
-from hsextract.extract.dataset import Sample
-from hsextract.extract.formats import FormatEntry, format_class
-from hsextract.extract.formats.base import OutputFormat, StoredSample
-from hsextract.extract.manifest import Manifest, WrittenSample
-from hsextract.extract.merge import merge_outputs
+from hsextract.extract import preflight
 from hsextract.extract.outcome import build_data_config, summary_lines
-from hsextract.extract.serving_hints import SGLangServing
 from hsextract.extract.setup import RunSetup
-from hsextract.extract.verify import verify_output
+from hsextract.output import formats
+from hsextract.output.checksum import WrittenFile, file_checksum
+from hsextract.output.data_config import read_data_config, write_data_config
+from hsextract.output.formats import FormatEntry, format_class
+from hsextract.output.formats.base import OutputFormat, StoredSample
+from hsextract.output.manifest import Manifest, WrittenSample
+from hsextract.output.merge import merge_outputs
+from hsextract.output.sample import Sample
+from hsextract.output.serving_hints import SGLangServing
+from hsextract.output.verify import verify_output
 
 H, LAYERS = 8, [1, 2]
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from hsextract.contract.generate import GenerateAnswer, GenerateRequest
-from hsextract.extract.client import PendingAnswer
 from hsextract.extract.ledger import Ledger
-from hsextract.extract.manifest import Manifest
 from hsextract.extract.metrics import ExtractMetrics
-from hsextract.extract.open_requests import OpenRequests, StallWatchdog, has_trace
+from hsextract.extract.requests.client import PendingAnswer
+from hsextract.extract.requests.open_requests import OpenRequests, StallWatchdog, has_trace
+from hsextract.output.manifest import Manifest
 
 
 def _setup(tmp_path: Path, stall_s: float = 60.0) -> tuple[OpenRequests, Ledger, StallWatchdog]:
@@ -122,8 +122,8 @@ def test_a_stall_during_a_server_outage_says_the_run_waits_for_the_server(
     import time
 
     from hsextract.errors import ServerUnreachableError
-    from hsextract.extract.client import ServerClient
-    from hsextract.extract.server_gate import ServerGate
+    from hsextract.extract.requests.client import ServerClient
+    from hsextract.extract.requests.server_gate import ServerGate
 
     requests, ledger, _ = _setup(tmp_path)
     with socket.socket() as probe:  # a port nothing listens on: the server is down
@@ -141,7 +141,7 @@ def test_a_stall_during_a_server_outage_says_the_run_waits_for_the_server(
         while gate.down_since() is None and time.monotonic() < deadline:
             time.sleep(0.01)
         assert gate.down_since() is not None
-        with caplog.at_level(logging.WARNING, logger="hsextract.extract.open_requests"):
+        with caplog.at_level(logging.WARNING, logger="hsextract.extract.requests.open_requests"):
             assert watchdog.check(now=max(entry.opened, ledger.last_settled) + 61) == 0, "nothing resent during an outage"
         assert "the server is down" in caplog.text and "waiting for it to come back" in caplog.text
         assert "sending again" not in caplog.text

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hsextract.contract.states import ErrorReason
 from hsextract.errors import BadSampleError
-from hsextract.extract.ordering import shortest_first
+from hsextract.extract.planning.ordering import shortest_first
 
 
 def rows(lengths: list[int]) -> list[tuple[int, object]]:

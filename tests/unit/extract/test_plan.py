@@ -8,9 +8,9 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from hsextract.extract import plan as plan_module
-from hsextract.extract.dataset import iter_raw_rows
-from hsextract.extract.plan import Plan, Planner
+from hsextract.extract.planning import plan as plan_module
+from hsextract.extract.planning.dataset import iter_raw_rows
+from hsextract.extract.planning.plan import Plan, Planner
 
 VOCAB, MAX_LEN = 1000, 300
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hsextract.extract.checksum import file_checksum
-from hsextract.extract.formats import open_format
-from hsextract.extract.manifest import Manifest, WrittenSample
-from hsextract.extract.resume_check import check_resume
-from hsextract.extract.scan import DatasetScan
+from hsextract.extract.planning.resume_check import check_resume
+from hsextract.extract.planning.scan import DatasetScan
+from hsextract.output.checksum import file_checksum
+from hsextract.output.formats import open_format
+from hsextract.output.manifest import Manifest, WrittenSample
 
 
 def test_changed_damaged_misplaced_and_vanished_rows_are_forgotten(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 from hsextract.contract.server_info import ServerInfo
 from hsextract.dev.tokenizer import write_tokenizer
 from hsextract.errors import ConfigError
-from hsextract.extract.served_tokenizer import check_served_tokenizer
+from hsextract.extract.planning.served_tokenizer import check_served_tokenizer
 from hsextract.prepare.model_tokenizer import load_model_tokenizer
 from hsextract.prepare.provenance import Provenance, Settings
 
@@ -50,7 +50,7 @@ def test_another_models_tokenizer_is_refused_naming_both_and_the_fix(tokenizers:
 def test_a_server_model_not_readable_here_is_said_and_skipped(
     tokenizers: dict[str, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="hsextract.extract.served_tokenizer"):
+    with caplog.at_level(logging.WARNING, logger="hsextract.extract.planning.served_tokenizer"):
         check_served_tokenizer(_prepared_with(tokenizers["chatml"]), _serving("/models/on-another-host"), DATASET)
     assert "/models/on-another-host" in caplog.text and "not checked" in caplog.text
 

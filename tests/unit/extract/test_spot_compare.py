@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hsextract.contract.dumps import Dump, DumpMeta, DumpSource
-from hsextract.contract.fp8 import FP8_STORAGE, quantize_per_token
+from hsextract.contract.files.dumps import Dump, DumpMeta, DumpSource
+from hsextract.contract.files.fp8 import FP8_STORAGE, quantize_per_token
 from hsextract.contract.spot_check import SpotCheckAnswer
-from hsextract.extract.spot_compare import check_tensor, compare, stored_rounding
+from hsextract.extract.checks.spot_compare import check_tensor, compare, stored_rounding
 
 POSITIONS, HIDDEN = 64, 256
 

@@ -12,11 +12,11 @@ import pytest
 import yaml
 
 from hsextract.contract.sglang_capture import ModelFamily
-from hsextract.extract.data_config import DataConfig
-from hsextract.extract.formats import format_class, token_freq
-from hsextract.extract.formats.specforge import SPECFORGE_RUN_CONFIG
 from hsextract.extract.outcome import summary_lines
-from hsextract.extract.serving_hints import sglang_serving
+from hsextract.output.data_config import DataConfig
+from hsextract.output.formats import format_class, token_freq
+from hsextract.output.formats.specforge import SPECFORGE_RUN_CONFIG
+from hsextract.output.serving_hints import sglang_serving
 
 SERVING = sglang_serving(ModelFamily.QWEN2, [1, 3, 4], 8)
 

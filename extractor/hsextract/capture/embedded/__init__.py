@@ -8,17 +8,22 @@ parser from) must import without torch, as in the SGLang image where the launche
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from hsextract.capture.embedded.engine import Engine, EngineRequest
+    from hsextract.capture.embedded.engine import Engine
+    from hsextract.capture.embedded.request import EngineRequest
     from hsextract.capture.front.protocol import ServedEngine
 
     _implements: type[ServedEngine] = Engine  # mypy checks that the engine implements the front's protocol
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Engine", "EngineRequest"):
-        from hsextract.capture.embedded import engine
+    if name == "Engine":
+        from hsextract.capture.embedded.engine import Engine
 
-        return getattr(engine, name)
+        return Engine
+    if name == "EngineRequest":
+        from hsextract.capture.embedded.request import EngineRequest
+
+        return EngineRequest
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

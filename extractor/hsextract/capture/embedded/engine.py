@@ -28,7 +28,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +41,13 @@ from hsextract.capture.embedded.config import ServeConfig
 from hsextract.capture.embedded.decode import DecodeScheduler
 from hsextract.capture.embedded.inbox import drain_inbox
 from hsextract.capture.embedded.kv_batch import throwaway_cache
+from hsextract.capture.embedded.request import EngineRequest
 from hsextract.capture.embedded.unbatched import SpotCheckAnswers, answer_alone, move_spot_checks
 from hsextract.capture.pinned import HostCopier
 from hsextract.capture.stages import StageClock
-from hsextract.contract.dump_dir import prepare_dump_root
-from hsextract.contract.dumps import DumpSource
-from hsextract.contract.fp8 import quantize_per_token
+from hsextract.contract.files.dump_dir import prepare_dump_root
+from hsextract.contract.files.dumps import DumpSource
+from hsextract.contract.files.fp8 import quantize_per_token
 from hsextract.contract.generate import GenerateAnswer, GenerationAnswer, GenerationRequest
 from hsextract.contract.layers import capture_indices, resolve_aux_layer_ids
 from hsextract.contract.model_config import check_model_dir
@@ -59,19 +60,6 @@ log = logging.getLogger(__name__)
 ENGINE_NAME = "hsextract-embedded"
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 FORWARDS_IN_FLIGHT = 2  # forwards queued on the device before the scheduler waits for the older one
-
-
-@dataclass(eq=False)  # compared by identity: the scheduler removes requests from its queues
-class EngineRequest:
-    rid: str
-    input_ids: list[int]
-    final_prenorm: bool = False  # dump the pre-norm final state too (the request asked for it)
-    storage: str | None = None  # "float8_e4m3fn": quantize on the device, dump the FP8 layout
-    spot_check: bool = False  # answer the engine's own hidden states (an unbatched forward), dump nothing
-    future: Future[dict[str, Any]] = field(default_factory=Future)
-    done_tokens: int = 0
-    cache: Any = None
-    arrived: float = field(default_factory=time.monotonic)
 
 
 @dataclass

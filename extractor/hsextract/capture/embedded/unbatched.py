@@ -10,14 +10,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from hsextract.capture.embedded.request import EngineRequest
 from hsextract.contract.spot_check import SpotCheckAnswer
-
-if TYPE_CHECKING:
-    from hsextract.capture.embedded.engine import EngineRequest
 
 
 class SpotCheckAnswers:

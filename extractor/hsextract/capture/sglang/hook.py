@@ -39,8 +39,8 @@ import torch
 from hsextract.capture.dump_sink import DumpSink, Fp8Rows, Segment
 from hsextract.capture.pinned import HostCopier
 from hsextract.capture.stages import StageClock
-from hsextract.contract.dumps import DumpSource, write_error_marker
-from hsextract.contract.fp8 import quantize_per_token
+from hsextract.contract.files.dumps import DumpSource, write_error_marker
+from hsextract.contract.files.fp8 import quantize_per_token
 from hsextract.contract.hook_config import HookConfig
 from hsextract.contract.layers import capture_indices
 from hsextract.contract.model_fingerprint import model_fingerprint

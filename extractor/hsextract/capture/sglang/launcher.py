@@ -28,7 +28,7 @@ from typing import Any
 from hsextract.capture.sglang.config import SGLangLaunchConfig
 from hsextract.capture.sglang.multinode import OWNED_FLAGS as MULTINODE_FLAGS
 from hsextract.capture.sglang.multinode import multinode_args
-from hsextract.contract.dump_dir import prepare_dump_root
+from hsextract.contract.files.dump_dir import prepare_dump_root
 from hsextract.contract.hook_config import HOOK_FACTORY, PRENORM_HOOK_FACTORY
 from hsextract.contract.layers import resolve_aux_layer_ids
 from hsextract.contract.model_config import read_model_config

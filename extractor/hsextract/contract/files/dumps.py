@@ -1,0 +1,449 @@
+"""The dump contract between a server and the extractor (docs/design-notes.md, "The dump contract").
+
+One directory per request under the dump root, named by its rid::
+
+    <root>/<rid>/hidden.safetensors   input_ids [T] int64, aux_hidden_states [T,K,H], final_hidden_state [T,H]
+                                      (post-norm), optionally final_prenorm_hidden_state [T,H] (the last
+                                      layer's output before the final norm, for trainers that want it)
+    or, for a request dumped as FP8 (``contract.fp8``, speculators' own layout; meta ``storage_dtype``
+    ``"float8_e4m3fn"``):
+    <root>/<rid>/hidden.safetensors   input_ids [T] int64, hidden_states [T,K+1,H] float8_e4m3fn (the K aux
+                                      states in layer order, then the final state: pre-norm when meta
+                                      ``final_slot`` is ``"prenorm"``, else post-norm), hidden_states_scales
+                                      [T,1,1] float32 (one scale per token, hs-connectors' arithmetic)
+    <root>/<rid>/meta.json            :class:`DumpMeta`: rid, tokens, shapes, dtype, and the writer's
+                                      :class:`DumpSource` (engine, model, layer ids, capture indices, ...)
+    <root>/<rid>/done                 empty; written last. No reader touches a directory without it.
+    <root>/<rid>/error                instead of ``done`` when the writer failed; holds the reason.
+
+Every file is written under a temporary name and moved into place with ``os.replace``. Nothing
+here follows a symlink: directories and files are opened with ``O_NOFOLLOW`` relative to directory
+descriptors (``dump_dir.py``), so a link planted under a request id is never written through or read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from hsextract import __version__
+from hsextract.contract.files.dump_dir import fd_path, is_regular_file, open_file, open_request_dir, prepare_dump_root
+from hsextract.contract.files.fp8 import FP8_DTYPE, FP8_STORAGE
+from hsextract.contract.files.tensor_file import write_safetensors
+from hsextract.contract.rids import parse_rid
+from hsextract.contract.states import DumpState, ErrorReason
+from hsextract.durable.atomic import temp_path
+from hsextract.errors import DumpError
+
+HIDDEN_FILE = "hidden.safetensors"
+META_FILE = "meta.json"
+DONE_FILE = "done"
+ERROR_FILE = "error"
+DUMP_FORMAT_VERSION = 1
+#: ``final_slot`` of an FP8 dump: which final state its last slot holds
+FINAL_SLOT_PRENORM = "prenorm"
+FINAL_SLOT_POSTNORM = "postnorm"
+PLAIN_TENSORS = ("input_ids", "aux_hidden_states", "final_hidden_state")
+FP8_TENSORS = ("input_ids", "hidden_states", "hidden_states_scales")
+
+
+@dataclass(frozen=True)
+class DumpSource:
+    """Who writes the dumps: the same for every dump of one server process (the hook or the
+    embedded engine). ``layer_ids`` and ``capture_indices`` are None when the hook is not told."""
+
+    engine: str  # "sglang" or "hsextract-embedded"
+    engine_version: str
+    model_path: str  # absolute, as the server resolved it
+    layer_ids: list[int] | None  # aux, 0-based layer outputs
+    capture_indices: list[int] | None  # the same states as SGLang's layers_to_capture (id + 1)
+    final_layer_id: int | None = None  # N-1 when known
+    final_norm_applied: bool = True  # final_hidden_state is after the model's final norm
+    provides_final_prenorm: bool = False  # dumps also hold final_prenorm_hidden_state
+    writer_rank: int = 0
+    hsextract_version: str = __version__
+    model_fingerprint: str | None = None  # contract.model_fingerprint of model_path, when readable
+
+
+@dataclass(frozen=True)
+class DumpMeta:
+    """``meta.json`` of one dump: what the tensors are, and the source that wrote them.
+    On disk the source's fields sit beside the dump's own (one flat JSON object)."""
+
+    rid: str
+    num_tokens: int
+    num_aux_layers: int
+    hidden_size: int
+    dtype: str  # the model's dtype: "bfloat16", "float32", ... (of the tensors, unless storage_dtype says otherwise)
+    has_final_prenorm: bool  # the dump holds the pre-norm final state (FP8: in its last slot)
+    extend_passes: int  # how many extend (chunked prefill) passes the rows arrived in
+    written_at: float
+    source: DumpSource
+    dump_format_version: int = DUMP_FORMAT_VERSION
+    # FP8 dumps only (absent from meta.json otherwise): "float8_e4m3fn", and which final state the
+    # last slot of hidden_states holds, FINAL_SLOT_PRENORM or FINAL_SLOT_POSTNORM.
+    storage_dtype: str | None = None
+    final_slot: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "source"}
+        for optional in ("storage_dtype", "final_slot"):  # the model-dtype layout's meta.json stays as it was
+            if own[optional] is None:
+                del own[optional]
+        return {**own, **dataclasses.asdict(self.source)}
+
+    @classmethod
+    def from_json(cls, data: Any, where: Path) -> DumpMeta:
+        """Parse ``meta.json``; DumpError ``dump_malformed`` names the missing or wrong keys."""
+        if not isinstance(data, dict):
+            raise DumpError(ErrorReason.DUMP_MALFORMED, f"{where} is not a JSON object")
+        source_fields = {f.name for f in dataclasses.fields(DumpSource)}
+        own_fields = {f.name for f in dataclasses.fields(cls)} - {"source"}
+        try:
+            source = DumpSource(**{k: v for k, v in data.items() if k in source_fields})
+            return cls(source=source, **{k: v for k, v in data.items() if k in own_fields})
+        except TypeError as exc:
+            raise DumpError(ErrorReason.DUMP_MALFORMED, f"{where} does not hold a dump's metadata: {exc}") from None
+
+
+@dataclass
+class Dump:
+    """A complete dump read back from disk, in one of two layouts (meta ``storage_dtype``):
+
+    * the model's dtype (``storage_dtype`` None): ``aux_hidden_states``, ``final_hidden_state`` and,
+      when asked for, ``final_prenorm_hidden_state``; the FP8 fields are None;
+    * FP8 (``storage_dtype == "float8_e4m3fn"``): ``hidden_states`` and ``hidden_states_scales``; the
+      three model-dtype fields are None (:meth:`plain_states` says so with a DumpError).
+    """
+
+    rid: str
+    input_ids: torch.Tensor  # [T] int64
+    meta: DumpMeta
+    aux_hidden_states: torch.Tensor | None = None  # [T, K, H]
+    final_hidden_state: torch.Tensor | None = None  # [T, H], post-norm
+    final_prenorm_hidden_state: torch.Tensor | None = None  # [T, H], before the final norm
+    hidden_states: torch.Tensor | None = None  # [T, K+1, H] float8_e4m3fn
+    hidden_states_scales: torch.Tensor | None = None  # [T, 1, 1] float32
+    storage_dtype: str | None = None  # FP8_STORAGE for an FP8 dump
+
+    def __post_init__(self) -> None:
+        fp8 = (self.hidden_states, self.hidden_states_scales)
+        plain = (self.aux_hidden_states, self.final_hidden_state)
+        if self.storage_dtype is None:
+            ok = all(t is not None for t in plain) and all(t is None for t in fp8)
+        else:
+            ok = self.storage_dtype == FP8_STORAGE and all(t is not None for t in fp8)
+            ok = ok and all(t is None for t in (*plain, self.final_prenorm_hidden_state))
+        if not ok:
+            raise DumpError(
+                ErrorReason.DUMP_MALFORMED,
+                f"dump {self.rid} mixes or lacks layouts (storage_dtype {self.storage_dtype!r}): a model-dtype dump holds "
+                f"{list(PLAIN_TENSORS)}, an FP8 dump {list(FP8_TENSORS)}",
+            )
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.storage_dtype is not None
+
+    @property
+    def model_dtype(self) -> str:
+        """The dtype the model computed in ("bfloat16", ...), whatever the storage."""
+        if self.final_hidden_state is not None:
+            return str(self.final_hidden_state.dtype).removeprefix("torch.")
+        return self.meta.dtype
+
+    def plain_states(self, reader: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(aux [T, K, H], final [T, H])`` of a model-dtype dump; DumpError ``dtype_mismatch`` naming
+        ``reader`` (the step that cannot read FP8 yet) for an FP8 dump."""
+        if self.aux_hidden_states is None or self.final_hidden_state is None:
+            raise DumpError(
+                ErrorReason.DTYPE_MISMATCH,
+                f"dump {self.rid} is stored as {self.storage_dtype} (hidden_states + hidden_states_scales), which "
+                f"{reader} does not read; restart the server without FP8 storage, or use a step that reads FP8 dumps",
+            )
+        return self.aux_hidden_states, self.final_hidden_state
+
+
+def dump_path(root: Path, rid: str) -> Path:
+    """The directory of ``rid`` under ``root``; refuses anything that could escape the root."""
+    if parse_rid(rid, rid.split("-", 1)[0]) is None:
+        raise DumpError(ErrorReason.BAD_RID, f"rid {rid!r} is not of the form <prefix>-<9 digits>-n<tokens>")
+    return root / rid
+
+
+def _replace_at(dir_fd: int, name: str, write: Callable[[str], object]) -> None:
+    """Write ``name`` in the directory ``dir_fd`` under a temp name, then rename it into place.
+    The temp file is created fresh (never through a symlink) and removed if the write fails."""
+    tmp = temp_path(Path(name)).name
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp, dir_fd=dir_fd)  # a leftover of this pid and thread: ours
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd))
+    try:
+        write(fd_path(dir_fd, tmp))
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # replaces a symlink itself, never its target
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+
+
+def _write_bytes_at(dir_fd: int, name: str, data: bytes) -> None:
+    def write(path: str) -> None:
+        with open(path, "wb") as handle:
+            handle.write(data)
+
+    _replace_at(dir_fd, name, write)
+
+
+def _open_for_writing(root: Path, rid: str) -> tuple[Path, int]:
+    directory = dump_path(root, rid)
+    if not os.path.lexists(root):
+        prepare_dump_root(root)  # normally done once by DumpSink; a direct caller gets the same checks
+    fd = open_request_dir(directory, create=True)
+    assert fd is not None  # create=True makes it or raises
+    return directory, fd
+
+
+def write_dump(
+    root: Path,
+    rid: str,
+    input_ids: torch.Tensor,
+    aux_hidden_states: torch.Tensor,
+    final_hidden_state: torch.Tensor,
+    source: DumpSource,
+    final_prenorm_hidden_state: torch.Tensor | None = None,
+    extend_passes: int = 1,
+) -> Path:
+    """Write one complete dump in the model's dtype. Idempotent: an existing complete dump is left as it is."""
+    tensors = {
+        "input_ids": input_ids.to(torch.int64),
+        "aux_hidden_states": aux_hidden_states,
+        "final_hidden_state": final_hidden_state,
+    }
+    if final_prenorm_hidden_state is not None:
+        tensors["final_prenorm_hidden_state"] = final_prenorm_hidden_state
+
+    def meta() -> DumpMeta:
+        return DumpMeta(
+            rid=rid,
+            num_tokens=int(input_ids.shape[0]),
+            num_aux_layers=int(aux_hidden_states.shape[1]),
+            hidden_size=int(final_hidden_state.shape[-1]),
+            dtype=str(final_hidden_state.dtype).removeprefix("torch."),
+            has_final_prenorm=final_prenorm_hidden_state is not None,
+            extend_passes=extend_passes,
+            written_at=time.time(),
+            source=source,
+        )
+
+    return _write_complete(root, rid, tensors, meta)
+
+
+def write_fp8_dump(
+    root: Path,
+    rid: str,
+    input_ids: torch.Tensor,
+    hidden_states: torch.Tensor,
+    hidden_states_scales: torch.Tensor,
+    source: DumpSource,
+    *,
+    model_dtype: str,
+    final_slot: str,
+    extend_passes: int = 1,
+) -> Path:
+    """Write one complete FP8 dump: ``hidden_states [T, K+1, H]`` float8_e4m3fn and its
+    ``hidden_states_scales [T, 1, 1]`` float32 (``contract.fp8``). ``final_slot`` names the state in
+    the last slot; ``model_dtype`` the dtype the model computed in. Idempotent."""
+    if hidden_states.dtype != FP8_DTYPE or hidden_states.dim() != 3:
+        raise ValueError(
+            f"hidden_states must be [T, K+1, H] {FP8_STORAGE}; got {hidden_states.dtype} {tuple(hidden_states.shape)}"
+        )
+    if hidden_states_scales.dtype != torch.float32 or tuple(hidden_states_scales.shape) != (hidden_states.shape[0], 1, 1):
+        raise ValueError(
+            f"hidden_states_scales must be [T, 1, 1] float32 with T={hidden_states.shape[0]}; "
+            f"got {hidden_states_scales.dtype} {tuple(hidden_states_scales.shape)}"
+        )
+    if final_slot not in (FINAL_SLOT_PRENORM, FINAL_SLOT_POSTNORM):
+        raise ValueError(f"final_slot {final_slot!r} must be {FINAL_SLOT_PRENORM!r} or {FINAL_SLOT_POSTNORM!r}")
+    tensors = {
+        "input_ids": input_ids.to(torch.int64),
+        "hidden_states": hidden_states,
+        "hidden_states_scales": hidden_states_scales,
+    }
+
+    def meta() -> DumpMeta:
+        return DumpMeta(
+            rid=rid,
+            num_tokens=int(input_ids.shape[0]),
+            num_aux_layers=int(hidden_states.shape[1]) - 1,
+            hidden_size=int(hidden_states.shape[-1]),
+            dtype=model_dtype,
+            has_final_prenorm=final_slot == FINAL_SLOT_PRENORM,
+            extend_passes=extend_passes,
+            written_at=time.time(),
+            source=source,
+            storage_dtype=FP8_STORAGE,
+            final_slot=final_slot,
+        )
+
+    return _write_complete(root, rid, tensors, meta)
+
+
+def _write_complete(root: Path, rid: str, tensors: dict[str, torch.Tensor], meta: Callable[[], DumpMeta]) -> Path:
+    directory, dir_fd = _open_for_writing(root, rid)
+    try:
+        if is_regular_file(dir_fd, DONE_FILE):
+            return directory
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(ERROR_FILE, dir_fd=dir_fd)
+        metadata = {"rid": rid, "format_version": str(DUMP_FORMAT_VERSION)}
+        # Straight from the (pinned) host rows: no staging copy, the interpreter lock released while writing.
+        _replace_at(dir_fd, HIDDEN_FILE, lambda path: write_safetensors(Path(path), tensors, metadata=metadata))
+        _write_bytes_at(dir_fd, META_FILE, json.dumps(meta().to_json(), indent=1).encode())
+        _write_bytes_at(dir_fd, DONE_FILE, b"")
+    finally:
+        os.close(dir_fd)
+    return directory
+
+
+def write_error_marker(root: Path, rid: str, reason: str) -> None:
+    """Leave an ``error`` marker so the extractor reports the failure and retries the request."""
+    _, dir_fd = _open_for_writing(root, rid)
+    try:
+        _write_bytes_at(dir_fd, ERROR_FILE, reason.encode())
+    finally:
+        os.close(dir_fd)
+
+
+def dump_state(directory: Path) -> DumpState:
+    """``done``, ``error`` or ``pending``; DumpError ``unsafe_dump`` for a symlink or foreign file."""
+    dir_fd = open_request_dir(directory)
+    if dir_fd is None:
+        return DumpState.PENDING
+    try:
+        for name, state in ((DONE_FILE, DumpState.DONE), (ERROR_FILE, DumpState.ERROR)):
+            fd = open_file(dir_fd, name, directory)
+            if fd is not None:
+                os.close(fd)
+                return state
+        return DumpState.PENDING
+    finally:
+        os.close(dir_fd)
+
+
+def completed_at(directory: Path) -> float | None:
+    """When the dump became complete: its ``done`` marker's mtime (``time.time()`` scale), or None."""
+    dir_fd = open_request_dir(directory)
+    if dir_fd is None:
+        return None
+    try:
+        fd = open_file(dir_fd, DONE_FILE, directory)
+        if fd is None:
+            return None
+        try:
+            return os.fstat(fd).st_mtime
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dir_fd)
+
+
+def read_error(directory: Path) -> str:
+    try:
+        dir_fd = open_request_dir(directory)
+        if dir_fd is None:
+            return "error marker vanished"
+        try:
+            fd = open_file(dir_fd, ERROR_FILE, directory)
+            if fd is None:
+                return "error marker vanished"
+            with os.fdopen(fd, "rb") as handle:
+                return handle.read(4096).decode(errors="replace").strip() or "unknown error"
+        finally:
+            os.close(dir_fd)
+    except DumpError as exc:
+        return str(exc)
+
+
+def read_dump(directory: Path) -> Dump:
+    """Read a complete dump, never through a symlink. Raises DumpError when it is not complete,
+    malformed, or not a real directory and files (``unsafe_dump``)."""
+    dir_fd = open_request_dir(directory)
+    if dir_fd is None:
+        raise DumpError(ErrorReason.DUMP_INCOMPLETE, f"dump {directory} does not exist")
+    try:
+        done = open_file(dir_fd, DONE_FILE, directory)
+        if done is None:
+            raise DumpError(ErrorReason.DUMP_INCOMPLETE, f"dump {directory} has no '{DONE_FILE}' sentinel")
+        os.close(done)
+        try:
+            meta_fd = open_file(dir_fd, META_FILE, directory)
+            hidden_fd = open_file(dir_fd, HIDDEN_FILE, directory)
+            try:
+                if meta_fd is None or hidden_fd is None:
+                    raise DumpError(ErrorReason.DUMP_MALFORMED, f"dump {directory} is marked done but lacks its files")
+                with os.fdopen(os.dup(meta_fd), "rb") as handle:
+                    meta = DumpMeta.from_json(json.loads(handle.read()), directory / META_FILE)
+                with safe_open(fd_path(hidden_fd), framework="pt") as tensors_file:
+                    names = set(tensors_file.keys())
+                    missing = set(PLAIN_TENSORS if meta.storage_dtype is None else FP8_TENSORS) - names
+                    if meta.storage_dtype not in (None, FP8_STORAGE):
+                        raise DumpError(
+                            ErrorReason.DUMP_MALFORMED,
+                            f"dump {directory} has storage_dtype {meta.storage_dtype!r}; this reader knows {FP8_STORAGE!r}",
+                        )
+                    if missing:
+                        raise DumpError(ErrorReason.DUMP_MALFORMED, f"dump {directory} lacks tensors {sorted(missing)}")
+                    tensors = {name: tensors_file.get_tensor(name) for name in names}
+            finally:
+                for fd in (meta_fd, hidden_fd):
+                    if fd is not None:
+                        os.close(fd)
+        except (OSError, ValueError, SafetensorError) as exc:  # JSONDecodeError is a ValueError
+            raise DumpError(ErrorReason.DUMP_UNREADABLE, f"dump {directory} cannot be read: {exc}") from exc
+    finally:
+        os.close(dir_fd)
+    if meta.rid != directory.name:
+        raise DumpError(ErrorReason.DUMP_MALFORMED, f"dump {directory} holds the metadata of {meta.rid!r}")
+    if meta.storage_dtype is not None:
+        return Dump(
+            rid=directory.name,
+            input_ids=tensors["input_ids"],
+            meta=meta,
+            hidden_states=tensors["hidden_states"],
+            hidden_states_scales=tensors["hidden_states_scales"],
+            storage_dtype=meta.storage_dtype,
+        )
+    return Dump(
+        rid=directory.name,
+        input_ids=tensors["input_ids"],
+        meta=meta,
+        aux_hidden_states=tensors["aux_hidden_states"],
+        final_hidden_state=tensors["final_hidden_state"],
+        final_prenorm_hidden_state=tensors.get("final_prenorm_hidden_state"),
+    )
+
+
+def remove_dump(directory: Path) -> None:
+    """Remove a request's directory; a symlink or file in its place is unlinked, never followed."""
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(directory, ignore_errors=True)  # fd-based on Linux: links inside are not followed
+    else:
+        with contextlib.suppress(OSError):
+            os.unlink(directory)

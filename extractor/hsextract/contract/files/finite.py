@@ -1,0 +1,33 @@
+"""Whether a tensor holds only finite values, fast on the CPU: every dump is checked before it is
+packed (``extract/checks/dump_checks.py``) and every stored sample by ``verify``."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hsextract.contract.files import fp8
+
+# A float is NaN or infinite exactly when its exponent bits are all ones: one integer pass over the
+# bits (numpy: single-threaded, the interpreter lock released) instead of torch.isfinite, about 20
+# times slower on bfloat16 on the CPU and parallelised inside every one of the extractor's threads.
+_EXPONENT_BITS = {
+    torch.bfloat16: (torch.int16, 0x7F80),
+    torch.float16: (torch.int16, 0x7C00),
+    torch.float32: (torch.int32, 0x7F800000),
+    fp8.FP8_DTYPE: (torch.uint8, 0x7F),  # e4m3fn has no infinity: NaN is S.1111.111
+}
+_CHUNK = 1 << 22  # elements per pass: bounded temporaries
+
+
+def all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every element is finite (no NaN, no infinity)."""
+    if tensor.numel() == 0 or not tensor.is_floating_point():
+        return True
+    spec = _EXPONENT_BITS.get(tensor.dtype)
+    if spec is None or tensor.device.type != "cpu":
+        return bool(torch.isfinite(tensor).all())
+    int_dtype, mask = spec
+    bits = tensor.contiguous().view(int_dtype).reshape(-1).numpy()
+    chunks = (bits[start : start + _CHUNK] for start in range(0, bits.size, _CHUNK))
+    return all(int(np.bitwise_and(chunk, mask).max()) != mask for chunk in chunks)

@@ -1,0 +1,71 @@
+"""Writes that are never visible half-done: a temp name beside the target, then ``os.replace``.
+
+Every temp file the package writes is named by :func:`temp_path`, so a run killed mid-write leaves
+only names :func:`is_temp_name` recognises, which the next run sweeps and ``verify`` reports. A
+write that fails (a full disk) removes its temp file before the error goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import threading
+from pathlib import Path
+
+from hsextract.durable.sync import sync_handle
+
+_TEMP_NAME_RE = re.compile(r"^\..+\.tmp-\d+(-\d+)?$")
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+#: what the writers we call (torch's zip writer, safetensors' Rust writer, the OS) say on a full disk
+_DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "StorageFull", "os error 28")
+
+
+def temp_path(path: Path) -> Path:
+    """A hidden sibling of ``path``, unique per process and thread."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+
+
+def is_temp_name(name: str) -> bool:
+    return _TEMP_NAME_RE.match(name) is not None
+
+
+def remove_quietly(path: Path) -> None:
+    """Remove a temp file after a failed write; a failure here must not hide the first one."""
+    with contextlib.suppress(OSError):
+        path.unlink(missing_ok=True)
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, sync: bool = False) -> None:
+    """``data`` at ``path``, whole or not at all; ``sync``: on the disk before the rename (the rename itself
+    is kept once the caller syncs the folder: one sync for a group of files)."""
+    tmp = temp_path(path)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            if sync:
+                sync_handle(handle)
+        os.replace(tmp, path)
+    except BaseException:
+        remove_quietly(tmp)
+        raise
+
+
+def disk_full_text(text: str) -> bool:
+    """Whether an error message (e.g. a dump's ``error`` marker) says a filesystem is full."""
+    return any(marker in text for marker in _DISK_FULL_TEXTS)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it: torch wraps the OSError in a RuntimeError) is a full disk."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _DISK_FULL_ERRNOS:
+            return True
+        if disk_full_text(str(current)):
+            return True
+        current = current.__cause__ or current.__context__
+    return False

@@ -1,0 +1,60 @@
+"""The dump writer's own safetensors encoder: files safetensors reads back bit for bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from hsextract.contract.files import tensor_file
+from hsextract.contract.files.tensor_file import write_safetensors
+
+
+def read_back(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str] | None]:
+    with safe_open(str(path), framework="pt") as handle:
+        return {name: handle.get_tensor(name) for name in handle.keys()}, handle.metadata()  # noqa: SIM118
+
+
+def test_tensors_and_metadata_round_trip(tmp_path: Path) -> None:
+    tensors = {
+        "input_ids": torch.arange(7),
+        "aux_hidden_states": torch.randn(7, 3, 5).bfloat16(),
+        "final_hidden_state": torch.randn(7, 5),
+        "half": torch.randn(2, 2).half(),
+        "empty": torch.zeros(0, 5),
+    }
+    size = write_safetensors(tmp_path / "a.safetensors", tensors, {"rid": "hsx-000000001-n7"})
+    assert size == (tmp_path / "a.safetensors").stat().st_size
+    got, metadata = read_back(tmp_path / "a.safetensors")
+    assert metadata == {"rid": "hsx-000000001-n7"}
+    assert set(got) == set(tensors)
+    for name, tensor in tensors.items():
+        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
+    header_length = int.from_bytes((tmp_path / "a.safetensors").read_bytes()[:8], "little")
+    assert header_length % 8 == 0  # the data starts 8-byte aligned
+
+
+def test_views_and_non_contiguous_tensors_are_written_as_their_values(tmp_path: Path) -> None:
+    base = torch.randn(6, 4, 5)
+    rows = base[2:5]  # a row range of a bigger buffer, as the sink writes one request's rows
+    permuted = base.permute(1, 0, 2)
+    write_safetensors(tmp_path / "b.safetensors", {"rows": rows, "permuted": permuted})
+    got, _ = read_back(tmp_path / "b.safetensors")
+    assert torch.equal(got["rows"], rows) and torch.equal(got["permuted"], permuted)
+
+
+def test_short_writes_are_continued(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tensor_file, "_MAX_WRITE", 7)  # every writev call moves at most 7 bytes
+    tensors = {"x": torch.randn(33, 3), "y": torch.arange(5)}
+    write_safetensors(tmp_path / "c.safetensors", tensors)
+    got, _ = read_back(tmp_path / "c.safetensors")
+    assert torch.equal(got["x"], tensors["x"]) and torch.equal(got["y"], tensors["y"])
+
+
+def test_device_tensors_and_unknown_dtypes_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="does not store"):
+        write_safetensors(tmp_path / "d.safetensors", {"c": torch.zeros(2, dtype=torch.complex64)})
+    with pytest.raises(ValueError, match="copy it to the host"):
+        write_safetensors(tmp_path / "e.safetensors", {"m": torch.zeros(2, device="meta")})
