@@ -132,7 +132,13 @@ def test_extract_with_one_container_killed_and_resumed_then_status_and_merge(
         assert time.monotonic() < deadline, "fleet-b wrote no samples"
         time.sleep(0.2)
 
-    # make status while both run: both shards and the TOTAL
+    # the container's extraction dies (SIGKILL) mid-run, at once: make status's two SSH rounds took long
+    # enough for a whole shard to finish first; rerunning make extract resumes it
+    b.run("systemctl kill -s SIGKILL hsextract-extract.service", check=False)
+    partial = lines(b, f"{OUTPUT}/samples.jsonl")
+    assert partial < ROWS // 2, f"the kill came too late to test anything ({partial} samples)"
+
+    # make status with one shard killed (the other running or done): both shards and the TOTAL
     status = make("status", f"INVENTORY={inventory}", "STATUS_ARGS=--json", timeout=180)
     assert status.returncode == 0, status.stderr
     report = json.loads(status.stdout)
@@ -144,10 +150,6 @@ def test_extract_with_one_container_killed_and_resumed_then_status_and_merge(
     assert "== fleet-a (10.197.91.2) shard 0/2" in text.stdout and "== fleet-b (10.197.92.2) shard 1/2" in text.stdout
     assert "TOTAL: " in text.stdout
 
-    # the container's extraction dies (SIGKILL) mid-run; rerunning make extract resumes it
-    b.run("systemctl kill -s SIGKILL hsextract-extract.service", check=False)
-    partial = lines(b, f"{OUTPUT}/samples.jsonl")
-    assert partial < ROWS // 2, f"the kill came too late to test anything ({partial} samples)"
     result = run_playbook("playbooks/extract.yml", inventory, "-e", "hsx_extract_wait=true")
     assert result.rc == 0, result.output[-8000:]
     print(f"make extract over two containers, one killed and resumed: {time.monotonic() - started:.0f} s")
