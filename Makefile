@@ -59,7 +59,7 @@ pipeline: setup  ## regenerate -> prepare -> extract -> verify from PIPELINE_CON
 	@test -n "$(PIPELINE_CONFIG)" || { echo "give PIPELINE_CONFIG=FILE (sections regenerate, prepare, extract: docs/regenerate.md)" >&2; exit 2; }
 	$(BIN)/hsextract pipeline --config $(PIPELINE_CONFIG)
 
-test: setup setup-sglang setup-trainers setup-ansible monitoring-deps  ## everything: package and monitoring tests, SGLang contract, the live SGLang server on the CPU, the trainers' own loaders, LXC deployment, Docker image
+test: setup setup-sglang setup-trainers setup-ansible monitoring-deps powerloss-deps  ## everything: package and monitoring tests, SGLang contract, the live SGLang server on the CPU, the trainers' own loaders, LXC deployment, Docker image
 	$(BIN)/python -m pytest $(PYTEST_ARGS) --ignore=tests/sglang_contract --ignore=tests/sglang_live --ignore=tests/trainers --ignore=tests/deploy tests
 	.venv-sglang/bin/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider tests/sglang_contract
 	.venv-sglang/bin/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider tests/sglang_live

@@ -74,9 +74,10 @@ def check_prepare_template(prepare: Any, config_path: Path) -> str | None:
 
 def check_extract_output(extract: Any, prepare: Any, config_path: Path) -> None:
     """ConfigError when extract's ``output`` was started with another format, length, shard or preparation."""
-    from hsextract.output.identity import IDENTITY_FILE, read_identity
+    from hsextract.output.identity import IDENTITY_FILE, read_identity_or_torn
 
-    identity = read_identity(Path(extract.output)) if Path(extract.output).is_dir() else None
+    # a torn identity.json (a power loss) is rewritten by the extract step itself
+    identity, _ = read_identity_or_torn(Path(extract.output)) if Path(extract.output).is_dir() else (None, False)
     if identity is None:
         return
     recorded: dict[str, Any] = {"format": identity.format, "max_seq_len": identity.max_seq_len,

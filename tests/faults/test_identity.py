@@ -117,3 +117,28 @@ def test_server_swapped_to_another_checkpoint_mid_run_stops_at_its_first_dump(
     rerun = run_extract(front.url, dataset, output, "--dump-dir", str(dumps))
     assert rerun.returncode == 0, rerun.stderr
     assert_same_output(output, reference)
+
+
+def test_an_identity_a_power_loss_emptied_is_written_again_by_the_same_command(models, start_server, tmp_path: Path) -> None:
+    """An older hsextract wrote identity.json without a sync: a power loss could leave it empty. The same
+    command rewrites it: from data_config.json when that survived (nothing redone), else by redoing every
+    row (nothing else says which model they came from). Never a refusal only deleting the output clears."""
+    server = start_server(models["main"])
+    dataset = write_rows(tmp_path / "data.jsonl", make_rows(12, seed=7))
+    reference = tmp_path / "reference"
+    assert run_extraction(server.url, dataset, reference, concurrency=1).status == "complete"
+    output = tmp_path / "out"
+    assert run_extract(server.url, dataset, output).returncode == 0
+
+    (output / "identity.json").write_bytes(b"")
+    again = run_extract(server.url, dataset, output)
+    assert again.returncode == 0, again.stderr
+    assert "identity.json is empty or torn" in again.stderr and "written now 0, already done 12" in again.stdout
+    assert_same_output(output, reference)
+
+    (output / "identity.json").write_bytes(b"")
+    (output / "data_config.json").write_bytes(b'{"status": "comp')
+    redone = run_extract(server.url, dataset, output)
+    assert redone.returncode == 0, redone.stderr
+    assert "every row is redone" in redone.stderr and "written now 12, already done 0" in redone.stdout
+    assert_same_output(output, reference)

@@ -1,4 +1,5 @@
-"""Writes that are never visible half-done: a temp name beside the target, then ``os.replace``.
+"""Writes that are never visible half-done nor lost once done: a temp name beside the target, synced,
+then ``os.replace``, then (for one file) its folder synced.
 
 Every temp file the package writes is named by :func:`temp_path`, so a run killed mid-write leaves
 only names :func:`is_temp_name` recognises, which the next run sweeps and ``verify`` reports. A
@@ -14,7 +15,7 @@ import re
 import threading
 from pathlib import Path
 
-from hsextract.durable.sync import sync_handle
+from hsextract.durable.sync import sync_dir, sync_file, sync_handle
 
 _TEMP_NAME_RE = re.compile(r"^\..+\.tmp-\d+(-\d+)?$")
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -37,19 +38,28 @@ def remove_quietly(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, sync: bool = False) -> None:
-    """``data`` at ``path``, whole or not at all; ``sync``: on the disk before the rename (the rename itself
-    is kept once the caller syncs the folder: one sync for a group of files)."""
+def atomic_write_bytes(path: Path, data: bytes, *, sync_folder: bool = True) -> None:
+    """``data`` at ``path``, whole or not at all, and on the disk when this returns: the file is synced before
+    the rename and its folder after it. ``sync_folder=False`` leaves the folder to the caller (one sync for a
+    group of files written into it)."""
     tmp = temp_path(path)
     try:
         with open(tmp, "wb") as handle:
             handle.write(data)
-            if sync:
-                sync_handle(handle)
+            sync_handle(handle)
         os.replace(tmp, path)
     except BaseException:
         remove_quietly(tmp)
         raise
+    if sync_folder:
+        sync_dir(path.parent)
+
+
+def replace_synced(tmp: Path, path: Path) -> None:
+    """Move a file another writer made (torch, safetensors, pyarrow) into place, its data synced first; its
+    folder is the caller's to sync (a group of renames at a time)."""
+    sync_file(tmp)
+    os.replace(tmp, path)
 
 
 def disk_full_text(text: str) -> bool:

@@ -26,3 +26,12 @@ def sync_file(path: Path) -> None:
 def sync_dir(path: Path) -> None:
     """A folder's entries: the names created, renamed or removed in it."""
     sync_file(path)
+
+
+def sync_tree(root: Path) -> None:
+    """Every file and folder under ``root`` (a dataset another library wrote: ``datasets.save_to_disk``),
+    the folders last, so that once ``root`` is renamed into place all of it is kept."""
+    for folder, _, files in os.walk(root, topdown=False):
+        for name in files:
+            sync_file(Path(folder) / name)
+        sync_dir(Path(folder))

@@ -45,11 +45,11 @@ from hsextract.output.identity import (
     OutputIdentity,
     identity_from_data_config,
     preparation_identity,
-    read_identity,
+    read_identity_or_torn,
     reconcile_identity,
     write_identity,
 )
-from hsextract.output.manifest import SAMPLES_FILE, read_jsonl
+from hsextract.output.manifest import SAMPLES_FILE, forget_every_row, read_jsonl
 from hsextract.output.serving_hints import SGLangServing, sglang_serving
 from hsextract.prepare.provenance import read_provenance
 
@@ -251,7 +251,9 @@ def establish_identity(setup: RunSetup, scan: DatasetScan) -> OutputIdentity:
         dataset=DatasetIdentity(str(scan.path), scan.fingerprint, scan.total_rows),
         preparation=preparation_identity(setup.dataset_preparation),
     )
-    recorded = read_identity(cfg.output)
+    recorded, torn = read_identity_or_torn(cfg.output)
+    if torn:
+        log.warning("%s is empty or torn (a power loss while it was written): it is written again", cfg.output / IDENTITY_FILE)
     _refuse_mixed_storage(cfg, recorded, current.stored_dtype)
     if recorded is None:
         try:
@@ -259,7 +261,14 @@ def establish_identity(setup: RunSetup, scan: DatasetScan) -> OutputIdentity:
         except OutputError:
             legacy = None
         recorded = identity_from_data_config(legacy) if legacy is not None else None
-        if recorded is None and read_jsonl(cfg.output / SAMPLES_FILE).records:
+        samples = read_jsonl(cfg.output / SAMPLES_FILE).records
+        if recorded is None and samples and torn:
+            log.warning(
+                "nothing says which model, layers and settings the %d samples already in %s came from (identity.json "
+                "torn, no data_config.json): every row is redone", len(samples), cfg.output
+            )
+            forget_every_row(cfg.output)
+        elif recorded is None and samples:
             raise OutputError(
                 f"output {cfg.output} holds samples but no identity.json (deleted, or written by an older hsextract "
                 "that did not finish), so nothing says which model, layers and settings they came from. Restore "

@@ -55,6 +55,26 @@ def file_checksum(path: Path) -> str:
     return f"{ALGORITHM}:{digest.hexdigest()}"
 
 
+#: what the size-only check reads of each end of a file: a file a power loss kept the size of but not the
+#: data of reads as zeros there (every format's file starts with its header and ends with its own data)
+END_BYTES = 4096
+
+
+def _zeroed_end(path: Path, size: int) -> str | None:
+    """What ``--resume-check size`` can tell cheaply beyond the size: an end of the file that reads all zeros."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(END_BYTES)
+            handle.seek(max(0, size - END_BYTES))
+            tail = handle.read(END_BYTES)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    for where, block in (("start", head), ("end", tail)):
+        if block and not any(block):
+            return f"reads as zeros at its {where} (its data was lost, as in a power loss before it was synced)"
+    return None
+
+
 def check_sample_file(path: Path, size: int, checksum: str | None, with_checksum: bool = True) -> str | None:
     """None when the file at ``path`` is what samples.jsonl recorded; else what is wrong with it."""
     try:
@@ -65,6 +85,8 @@ def check_sample_file(path: Path, size: int, checksum: str | None, with_checksum
         return f"cannot be read ({exc.strerror})"
     if actual != size:
         return f"has {actual} bytes, samples.jsonl recorded {size} (truncated or overwritten)"
+    if not with_checksum:
+        return _zeroed_end(path, size)
     if checksum is None:
         return "has no checksum in samples.jsonl (written by an older hsextract)" if with_checksum else None
     if with_checksum:

@@ -105,16 +105,26 @@ def preparation_identity(provenance: dict[str, Any] | None) -> dict[str, Any] | 
 
 
 def read_identity(output: Path) -> OutputIdentity | None:
+    """The output's identity; None when it has none. OutputError when it is empty or torn."""
+    identity, torn = read_identity_or_torn(output)
+    if torn:
+        raise OutputError(f"{Path(output) / IDENTITY_FILE} is empty or torn; rerun the extraction (same command) to rewrite it")
+    return identity
+
+
+def read_identity_or_torn(output: Path) -> tuple[OutputIdentity | None, bool]:
+    """The output's identity (None: it has none), and whether the file is there but empty or not whole JSON:
+    what a power loss leaves of a file written without a sync (hsextract before 0.1 did not sync it)."""
     path = Path(output) / IDENTITY_FILE
     try:
         text = path.read_text()
     except FileNotFoundError:
-        return None
+        return None, False
     try:
         data = json.loads(text)
     except ValueError:
-        raise OutputError(f"{path} is not valid JSON; restore it, or start a new --output") from None
-    return OutputIdentity.from_json(data, path)
+        return None, True
+    return OutputIdentity.from_json(data, path), False
 
 
 def write_identity(output: Path, identity: OutputIdentity) -> None:

@@ -7,7 +7,11 @@
                         rows are retried by the next run.
 
 Both are appended line by line during a run and rewritten sorted by row, atomically, when a run
-ends; so an interrupted-then-resumed run leaves the same files an uninterrupted one does. A torn
+ends; what is appended is synced in groups (:meth:`Manifest.sync`, at most every
+:data:`SYNC_INTERVAL_S`): first the folders the new samples were renamed into (each sample file is synced
+before its rename), then both files: every line synced names a file on the disk (a line the kernel wrote
+back before its group's sync may name a file a power loss took: the resume check redoes its row). So an
+interrupted-then-resumed run leaves the same files an uninterrupted one does. A torn
 last line (a crash mid-append) is cut off when the file is opened again, and its row redone; an
 append that fails (a full disk) is cut back off before the error goes on. A later line for a row
 replaces an earlier one. What a line claims is checked by the run before it is trusted
@@ -16,16 +20,19 @@ replaces an earlier one. What a line claims is checked by the run before it is t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import threading
+import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from hsextract.contract.states import ErrorKind
 from hsextract.durable.atomic import atomic_write_bytes
+from hsextract.durable.sync import sync_dir
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +123,17 @@ def _cut_torn_tail(path: Path) -> None:
 
 def write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
     """Replace ``path`` with these records, one JSON line each, atomically (temp name, fsync, ``os.replace``)."""
-    atomic_write_bytes(path, "".join(json.dumps(record) + "\n" for record in records).encode(), sync=True)
+    atomic_write_bytes(path, "".join(json.dumps(record) + "\n" for record in records).encode())
+
+
+#: how long appended lines and renamed samples may wait for their sync: one group of fsyncs per interval
+SYNC_INTERVAL_S = 0.5
+
+
+def forget_every_row(root: Path) -> None:
+    """Empty both files (synced): an output none of whose rows can be trusted any more redoes them all."""
+    write_jsonl(Path(root) / SAMPLES_FILE, [])
+    write_jsonl(Path(root) / ERRORS_FILE, [])
 
 
 class _AppendLog:
@@ -141,6 +158,9 @@ class _AppendLog:
                 log.error("could not cut back a failed append to %s; the next run cuts its torn line", self.path)
             raise
         self._size += len(data)
+
+    def sync(self) -> None:
+        os.fsync(self._fd)
 
     def close(self) -> None:
         os.close(self._fd)
@@ -172,6 +192,8 @@ class Manifest:
                 self.errors[error.row] = error  # failed rows are forgotten: this run retries them
         self._samples_log = _AppendLog(self.root / SAMPLES_FILE)
         self._errors_log = _AppendLog(self.root / ERRORS_FILE)
+        self._unsynced_folders: set[Path] = {self.root}  # the two files' own names
+        self._synced_at = time.monotonic()
 
     def is_settled(self, row: int, row_hash: str) -> bool:
         """Written, or known bad input, from this very row content: nothing more to do for it."""
@@ -192,16 +214,41 @@ class Manifest:
             self._samples_log.append(asdict(sample))
             self.written[sample.row] = sample
             self.errors.pop(sample.row, None)
+            folder = (self.root / sample.file).parent
+            while folder != self.root and folder not in self._unsynced_folders:  # a new group folder: its parent too
+                self._unsynced_folders.add(folder)
+                folder = folder.parent
+            self._sync_when_due()
 
     def add_error(self, error: ErrorRecord) -> None:
         with self._lock:
             self._errors_log.append(asdict(error))
             self.errors[error.row] = error
+            self._sync_when_due()
+
+    def sync(self) -> None:
+        """The samples renamed so far (their folders), then both files' appended lines, on the disk."""
+        with self._lock:
+            self._sync()
+
+    def _sync_when_due(self) -> None:
+        if time.monotonic() - self._synced_at >= SYNC_INTERVAL_S:
+            self._sync()
+
+    def _sync(self) -> None:
+        for folder in sorted(self._unsynced_folders, key=lambda f: len(f.parts), reverse=True):
+            with contextlib.suppress(FileNotFoundError):  # a record of a file that is not there: the resume redoes it
+                sync_dir(folder)
+        self._unsynced_folders = {self.root}
+        self._samples_log.sync()
+        self._errors_log.sync()
+        self._synced_at = time.monotonic()
 
     def close(self) -> None:
         """Rewrite both files sorted by row, atomically. On a full disk the appended files stay
         (they hold the same records, unsorted) and the OSError goes on."""
         with self._lock:
+            self._sync()  # the folders of the last samples; the rewrite below syncs the files themselves
             self._samples_log.close()
             self._errors_log.close()
             write_jsonl(self.root / SAMPLES_FILE, [asdict(self.written[r]) for r in sorted(self.written)])

@@ -11,7 +11,8 @@ totals summed, and ``merged_from``: each shard's path, index, totals and timesta
 Nothing is written before every check of :mod:`hsextract.output.merge_plan` passes. Every file is
 written under a temp name and ``os.replace``d; ``data_config.json`` comes last, so an interrupted
 merge leaves an output that ``hsextract verify`` rejects, and the same command completes it (files
-already in place are kept).
+already in place are kept: the same file, or one of the recorded size and checksum). Copies are synced
+before their rename and every folder names were made in before the records are written (``durable``).
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from hsextract.durable.atomic import atomic_write_bytes, is_temp_name, temp_path
+from hsextract.durable.atomic import atomic_write_bytes, is_temp_name, replace_synced, temp_path
+from hsextract.durable.sync import sync_dir
 from hsextract.errors import MergeError
+from hsextract.output.checksum import file_checksum
 from hsextract.output.data_config import DATA_CONFIG_FILE, read_data_config, write_data_config
 from hsextract.output.formats import open_format
 from hsextract.output.formats.base import OutputFormat
@@ -113,18 +116,22 @@ class _Placer:
     def __init__(self, copy: bool) -> None:
         self.can_link = not copy
         self.counts = {"linked": 0, "copied": 0, "present": 0}
+        self.folders: set[Path] = set()  # where names were made: synced before the merged records are written
 
-    def place(self, src: Path, dst: Path) -> None:
+    def place(self, src: Path, dst: Path, checksum: str | None) -> None:
         if dst.exists():
             try:
                 have, want = dst.stat(), src.stat()
-                # the same file: a link of it, or a copy with its size and modification time (copy2, tar and
-                # rsync keep it); a shard re-extracted since has new files, which replace the old ones here
-                if os.path.samefile(src, dst) or (have.st_size, int(have.st_mtime)) == (want.st_size, int(want.st_mtime)):
+                # the same file: a link of it, or a copy with its size and modification time (copy2, tar and rsync
+                # keep it) whose bytes have the recorded checksum (a power loss can keep a copy's size and time but
+                # not its data); a shard re-extracted since has new files, which replace the old ones here
+                same_copy = (have.st_size, int(have.st_mtime)) == (want.st_size, int(want.st_mtime))
+                if os.path.samefile(src, dst) or (same_copy and checksum is not None and file_checksum(dst) == checksum):
                     self.counts["present"] += 1
                     return
             except FileNotFoundError:
                 pass
+        self.folders.update((dst.parent, dst.parent.parent))
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = temp_path(dst)
         if self.can_link:
@@ -141,7 +148,7 @@ class _Placer:
                 return
         try:
             shutil.copy2(src, tmp)
-            os.replace(tmp, dst)
+            replace_synced(tmp, dst)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
@@ -160,7 +167,7 @@ def _place_samples(plan: MergePlan, fmt: OutputFormat, into: Path, placer: _Plac
                     f"{shard.label}: row {row} is listed as {record.get('file')!r} but {src} is missing; "
                     f"repair the shard first: {shard.finish_command()}"
                 )
-            placer.place(src, fmt.sample_path(row))
+            placer.place(src, fmt.sample_path(row), record.get("checksum"))
             records.append(record)
             done = sum(placer.counts.values())
             if done % 10000 == 0:
@@ -206,6 +213,8 @@ def merge_outputs(shard_dirs: Sequence[Path], into: Path, copy: bool = False) ->
     fmt = open_format(fmt_name, into)
     placer = _Placer(copy)
     samples = _place_samples(plan, fmt, into, placer)
+    for folder in sorted(placer.folders, key=lambda f: len(f.parts), reverse=True):
+        sync_dir(folder)  # every placed name on the disk before the records that count them
     removed = _remove_strays(fmt, into, set(plan.owner))
     if removed:
         log.info("removed %d sample files of an earlier merge that this one does not hold", removed)
@@ -221,6 +230,7 @@ def merge_outputs(shard_dirs: Sequence[Path], into: Path, copy: bool = False) ->
     config.merge_files = {"hard_linked": placer.counts["linked"], "copied": placer.counts["copied"]}
     write_data_config(into, config)
     (into / MERGE_MARKER).unlink()
+    sync_dir(into)
     return MergeSummary(
         into=into,
         shards=len(plan.shards),

@@ -28,7 +28,7 @@ from typing import Any
 
 from hsextract.durable.atomic import atomic_write_bytes
 from hsextract.durable.lock import OutputLock
-from hsextract.durable.sync import sync_dir, sync_handle
+from hsextract.durable.sync import sync_dir, sync_handle, sync_tree
 from hsextract.errors import ConfigError
 from hsextract.prepare.provenance import ERRORS_FILE, PROVENANCE_FILE, Provenance, Settings, write_provenance
 from hsextract.prepare.rows import Outcome
@@ -67,6 +67,17 @@ def _schema() -> Any:
     )
 
 
+def _damage(output: Path) -> str | None:
+    """What a power loss left wrong in a finished prepared dataset (an older hsextract did not sync it): an
+    empty or torn prepare.json, an empty data file; None when it looks whole."""
+    try:
+        json.loads((output / PROVENANCE_FILE).read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return f"its {PROVENANCE_FILE} is empty or torn"
+    empty = sorted(p.name for p in output.glob("*.arrow") if p.stat().st_size == 0)
+    return f"its data files {', '.join(empty)} are empty" if empty else None
+
+
 class PreparedWriter:
     def __init__(self, output: Path, settings: Settings, progress: bool = True) -> None:
         self.output = Path(output)
@@ -84,6 +95,11 @@ class PreparedWriter:
         if (self.output / PROVENANCE_FILE).is_file():
             from hsextract.prepare.provenance import read_provenance
 
+            damage = _damage(self.output)
+            if damage:  # ours (it has prepare.json), cut by a power loss: prepared again
+                log.warning("%s: %s (a power loss right after prepare finished?); it is prepared again", self.output, damage)
+                shutil.rmtree(self.output)
+                return False
             done = read_provenance(self.output)
             if done is not None and done.settings == self.settings:
                 shutil.rmtree(self.staging, ignore_errors=True)  # left by a kill right after the final rename
@@ -120,7 +136,7 @@ class PreparedWriter:
                     f"rerun with the same options to resume it, or remove {self.staging} to start over"
                 )
         else:
-            atomic_write_bytes(settings_path, json.dumps(asdict(self.settings), indent=2).encode(), sync=True)
+            atomic_write_bytes(settings_path, json.dumps(asdict(self.settings), indent=2).encode())
         return self._read_journal()
 
     def _read_journal(self) -> list[PartRecord]:
@@ -175,10 +191,10 @@ class PreparedWriter:
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, table.schema) as ipc:
             ipc.write_table(table)
-        atomic_write_bytes(base.with_suffix(".arrow"), sink.getvalue().to_pybytes(), sync=True)
+        atomic_write_bytes(base.with_suffix(".arrow"), sink.getvalue().to_pybytes(), sync_folder=False)
         text = "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in errors)
-        atomic_write_bytes(base.with_suffix(".errors.jsonl"), text.encode(), sync=True)
-        sync_dir(self.parts_dir)
+        atomic_write_bytes(base.with_suffix(".errors.jsonl"), text.encode(), sync_folder=False)
+        sync_dir(self.parts_dir)  # both names, before the journal line that counts them
         with open(self.staging / "journal.jsonl", "ab") as journal:
             journal.write((json.dumps(asdict(record)) + "\n").encode())
             sync_handle(journal)
@@ -214,7 +230,7 @@ class PreparedWriter:
                     shutil.copyfileobj(part_errors, errors)
             sync_handle(errors)
         write_provenance(final, provenance)
-        sync_dir(final)
+        sync_tree(final)  # save_to_disk's files too: a power loss after the rename left them empty
         if self.output.exists():
             self.output.rmdir()  # checked empty before the run
         os.rename(final, self.output)

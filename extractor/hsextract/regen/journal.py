@@ -28,7 +28,7 @@ from typing import Any
 
 from hsextract.durable.atomic import atomic_write_bytes
 from hsextract.durable.lock import OutputLock
-from hsextract.durable.sync import sync_handle
+from hsextract.durable.sync import sync_dir, sync_handle
 from hsextract.errors import IdentityMismatchError, OutputError
 
 log = logging.getLogger(__name__)
@@ -145,6 +145,8 @@ class Journal:
             journal._check_identity(identity)
             journal._read()
             journal._file = open(journal.rows_path, "ab")  # noqa: SIM115 - held for the run, closed in close()
+            sync_dir(directory)  # the rows file's name, and the journal folder's own
+            sync_dir(directory.parent)
         except BaseException:
             journal._output_lock.release()
             raise

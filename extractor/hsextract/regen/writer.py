@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hsextract.durable.atomic import atomic_write_bytes, remove_quietly, temp_path
-from hsextract.durable.sync import sync_file, sync_handle
+from hsextract.durable.sync import sync_dir, sync_file, sync_handle
 from hsextract.regen.journal import ERRORS_FILE, OK, SUMMARY_FILE, Journal
 
 
@@ -55,6 +55,7 @@ def write_rows(output: Path, rows: Iterator[dict[str, Any]]) -> int:
     try:
         count = _write_parquet(tmp, rows) if output.suffix == ".parquet" else _write_jsonl(tmp, rows)
         os.replace(tmp, output)
+        sync_dir(output.parent)
     except BaseException:
         remove_quietly(tmp)
         raise

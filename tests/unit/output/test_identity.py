@@ -15,6 +15,7 @@ from hsextract.output.identity import (
     OutputIdentity,
     identity_from_data_config,
     read_identity,
+    read_identity_or_torn,
     reconcile_identity,
     write_identity,
 )
@@ -99,7 +100,12 @@ def test_an_older_output_is_checked_against_its_data_config(tmp_path: Path) -> N
         reconcile_identity(tmp_path, legacy, replace(BASE, aux_layer_ids=[2, 4, 5]))
 
 
-def test_a_damaged_identity_file_is_a_clear_error(tmp_path: Path) -> None:
-    (tmp_path / "identity.json").write_text("{torn")
-    with pytest.raises(OutputError, match="is not valid JSON; restore it"):
+@pytest.mark.parametrize("left", ["", "{torn"], ids=["empty", "torn"])
+def test_an_empty_or_torn_identity_file_is_told_apart_from_none(tmp_path: Path, left: str) -> None:
+    """What a power loss leaves of a file written without a sync: verify names it and the fix (rerun);
+    the extractor rewrites it (tests/faults/test_identity.py)."""
+    assert read_identity_or_torn(tmp_path) == (None, False)
+    (tmp_path / "identity.json").write_text(left)
+    assert read_identity_or_torn(tmp_path) == (None, True)
+    with pytest.raises(OutputError, match="is empty or torn; rerun the extraction"):
         read_identity(tmp_path)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hsextract.durable.atomic import remove_quietly
 from hsextract.extract.planning.scan import DatasetScan
-from hsextract.output.checksum import check_sample_file
+from hsextract.output.checksum import END_BYTES, check_sample_file
 from hsextract.output.formats.base import OutputFormat
 from hsextract.output.manifest import Manifest, WrittenSample
 
@@ -88,4 +88,9 @@ def check_resume(
             else:
                 result.damaged.append((sample.row, sample.file, wrong))
                 manifest.forget(sample.row)
+    if not with_checksum and result.verified:
+        log.warning(
+            "resume: %d samples of earlier runs were trusted on their size and the first and last %d bytes alone "
+            "(--resume-check size): `hsextract verify %s` reads them whole", result.verified, END_BYTES, root
+        )
     return result

@@ -22,6 +22,7 @@ import yaml
 
 from hsextract.contract.files.dumps import Dump
 from hsextract.durable.atomic import atomic_write_bytes, remove_quietly, temp_path
+from hsextract.durable.sync import sync_handle
 from hsextract.errors import ConfigError
 from hsextract.output.checksum import HashingWriter, WrittenFile
 from hsextract.output.formats.base import OutputFormat, StoredSample
@@ -143,6 +144,7 @@ class SpecForgeFormat(OutputFormat):
                 # the same sample gives the same bytes in every run (and we hash them on the way).
                 writer = HashingWriter(handle)
                 torch.save(record, writer)  # type: ignore[arg-type]  # any object with write() will do
+                sync_handle(handle)  # before the rename; the manifest syncs the folder before its line (manifest.py)
             os.replace(tmp, path)
         except BaseException:
             remove_quietly(tmp)

@@ -29,7 +29,8 @@ from safetensors.torch import load_file, save_file
 from hsextract.contract.files import fp8
 from hsextract.contract.files.dumps import FINAL_SLOT_PRENORM, Dump
 from hsextract.contract.states import ErrorReason
-from hsextract.durable.atomic import remove_quietly, temp_path
+from hsextract.durable.atomic import remove_quietly, replace_synced, temp_path
+from hsextract.durable.sync import sync_dir, sync_tree
 from hsextract.errors import DumpError, MergeError
 from hsextract.output.checksum import WrittenFile, file_checksum
 from hsextract.output.formats import token_freq
@@ -175,7 +176,7 @@ class SpeculatorsFormat(OutputFormat):
         try:
             save_file(tensors, str(tmp))
             written = WrittenFile(tmp.stat().st_size, file_checksum(tmp))
-            os.replace(tmp, path)
+            replace_synced(tmp, path)  # the manifest syncs the folder before its line (manifest.py)
         except BaseException:
             remove_quietly(tmp)
             raise
@@ -340,6 +341,7 @@ def save_arrow_dataset(table: Any, final: Path) -> None:
     tmp = temp_path(final)
     try:
         table.save_to_disk(str(tmp))
+        sync_tree(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a full disk: no temp directory left behind
         raise
@@ -347,6 +349,8 @@ def save_arrow_dataset(table: Any, final: Path) -> None:
         old = temp_path(final.with_name(final.name + "-old"))
         os.replace(final, old)
         os.replace(tmp, final)
+        sync_dir(final.parent)
         shutil.rmtree(old)
     else:
         os.replace(tmp, final)
+        sync_dir(final.parent)
