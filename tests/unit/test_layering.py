@@ -44,7 +44,7 @@ LAYERS: dict[str, set[str]] = {
     "regen": {"contract", "durable", "extract", "ops", "prepare", "config", *BASE},
     "pipeline_checks": {"output", "prepare", *BASE},
     "pipeline": {"contract", "extract", "output", "prepare", "regen", "pipeline_checks", "config", *BASE},
-    "api": {"capture", "contract", "extract", "output", "prepare"},
+    "api": {"capture", "contract", "durable", "extract", "output", "prepare"},
     "sglang_hook": {"capture"},
     "cli": {"capture", "contract", "dev", "extract", "ops", "output", "pipeline", "prepare", "regen", "config", *BASE},
     "__main__": {"cli"},

@@ -3,19 +3,44 @@ across a power loss once its folder is synced)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
+
+_enabled = True
+
+
+@contextlib.contextmanager
+def syncs_off() -> Iterator[None]:
+    """Every sync a no-op inside the block, for a benchmark that measures what they cost (``bench_core``);
+    nothing a user runs turns them off."""
+    global _enabled
+    _enabled = False
+    try:
+        yield
+    finally:
+        _enabled = True
 
 
 def sync_handle(handle: IO[Any]) -> None:
     """What was written through ``handle``, down to the disk."""
     handle.flush()
-    os.fsync(handle.fileno())
+    if _enabled:
+        os.fsync(handle.fileno())
+
+
+def sync_fd(fd: int) -> None:
+    """What was written through the file descriptor ``fd``, down to the disk."""
+    if _enabled:
+        os.fsync(fd)
 
 
 def sync_file(path: Path) -> None:
     """A closed file's data (one another library wrote: pyarrow, torch), down to the disk."""
+    if not _enabled:
+        return
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -32,7 +32,7 @@ from typing import Any
 
 from hsextract.contract.states import ErrorKind
 from hsextract.durable.atomic import atomic_write_bytes
-from hsextract.durable.sync import sync_dir
+from hsextract.durable.sync import sync_dir, sync_fd
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class _AppendLog:
         self._size += len(data)
 
     def sync(self) -> None:
-        os.fsync(self._fd)
+        sync_fd(self._fd)
 
     def close(self) -> None:
         os.close(self._fd)
