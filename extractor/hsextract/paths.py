@@ -8,6 +8,7 @@ import errno
 import os
 from pathlib import Path
 
+from hsextract.durable.sync import sync_dir
 from hsextract.errors import ConfigError
 
 
@@ -62,8 +63,13 @@ def check_creatable(path: Path, what: str, setting: str) -> None:
 
 
 def make_directory(path: Path, what: str, setting: str) -> None:
-    """``mkdir -p path``; a ConfigError naming ``what``, ``path`` and ``setting`` when it cannot be made."""
+    """``mkdir -p path``, each folder it made synced into its parent (an output whose own name a power loss
+    took is lost whole); a ConfigError naming ``what``, ``path`` and ``setting`` when it cannot be made."""
+    path = Path(path)
+    missing = [p for p in (path, *path.parents) if not p.exists()]
     try:
-        Path(path).mkdir(parents=True, exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True)
+        for made in reversed(missing):
+            sync_dir(made.parent)
     except OSError as exc:
         raise cannot_create(path, what, setting, exc) from None

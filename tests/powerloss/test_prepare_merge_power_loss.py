@@ -45,6 +45,7 @@ def test_prepare_again_after_a_cut(lossy: LossyMount, tmp_path: Path, like: str,
     if small_files_first:
         lossy.persist(BOOKKEEPING_BYTES)
     lossy.cut()
+    assert _rows(output) == _rows(tmp_path / "reference")  # a prepare that said it was done left it all on the disk
     prepare(output)  # the same command: nothing else asked of the user
     assert _rows(output) == _rows(tmp_path / "reference")
     provenance = json.loads((output / "prepare.json").read_text())
@@ -66,6 +67,7 @@ def test_merge_again_after_a_cut(  # type: ignore[no-untyped-def]
     if small_files_first:
         lossy.persist(BOOKKEEPING_BYTES)
     lossy.cut()
+    assert verify_output(merged).ok  # a merge that said it was done left it all on the disk
     merge_outputs(shards, merged, copy=True)
     report = verify_output(merged)
     assert report.ok, report.summary()

@@ -28,7 +28,7 @@ MAX_MODULES_PER_FOLDER = 15
 BASE = {"errors", "paths", "exit_codes", "ports"}
 LAYERS: dict[str, set[str]] = {
     "errors": {"contract"},
-    "paths": {"errors"},
+    "paths": {"durable", "errors"},
     "exit_codes": set(),
     "ports": {"errors"},
     "durable": {"errors"},

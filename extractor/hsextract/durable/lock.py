@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from hsextract.durable.sync import sync_dir
 from hsextract.errors import OutputLockedError
 
 log = logging.getLogger(__name__)
@@ -79,5 +80,6 @@ class OutputLock:
             return
         with contextlib.suppress(OSError):
             os.unlink(self.path)  # before unlocking: a waiter then finds the file gone and retries
+            sync_dir(self.output)  # a finished output has no lock file, after a power loss too
         os.close(self._fd)
         self._fd = None
