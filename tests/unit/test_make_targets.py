@@ -50,7 +50,11 @@ def test_the_default_run_uses_those_paths_and_keeps_the_last_server_logs(tmp_pat
     stub = tmp_path / ".venv" / "bin" / "hsextract"
     stub.parent.mkdir(parents=True)
     stub.write_text(
-        '#!/bin/sh\necho "$*" >> "$(dirname "$0")/calls"\n[ "$1" = serve ] && echo "log of $HSX_RUN" && exec sleep 30\nexit 0\n'
+        '#!/bin/sh\necho "$*" >> "$(dirname "$0")/calls"\n[ "$1" = serve ] && echo "log of $HSX_RUN" && exec sleep 30\n'
+        # the run ends (and stops its server) only once the server said its line: on a loaded machine the stop
+        # came first and left an empty log
+        '[ "$1" = extract ] && until grep -q "log of $HSX_RUN" "$WORK/server.log" 2>/dev/null; do sleep 0.05; done\n'
+        "exit 0\n"
     )
     stub.chmod(0o755)
     dataset = tmp_path / "mine.jsonl"

@@ -25,6 +25,7 @@ from hsextract.contract.generate import GenerateRequest
 from hsextract.contract.rids import make_rid
 from hsextract.contract.states import DumpState, ErrorReason
 from hsextract.durable.atomic import disk_full_text, is_disk_full
+from hsextract.durable.sync import sync_file
 from hsextract.errors import (
     BadSampleError,
     DiskFullError,
@@ -128,6 +129,9 @@ class RowWorker:
                         return
                 with self.metrics.stage("pack"):
                     written = self._write_sample(sample, dump)
+                    del dump
+                    remove_dump(directory)  # freed before the sync: a dump tmpfs sized for a few dumps waits on it
+                    self._sync_sample(sample)
             except HsextractError as exc:
                 if isinstance(exc, BadSampleError):
                     remove_dump(directory)
@@ -151,7 +155,6 @@ class RowWorker:
                 self._count_failure(exc)
                 last_error = exc
             else:
-                remove_dump(directory)
                 self.ledger.written(self.fmt.relative(sample.row), sample, row_hash, written, time.monotonic() - started)
                 if not pending.done():
                     self._leave_answer(pending, entry)
@@ -320,6 +323,15 @@ class RowWorker:
         for pending, (_, grace_ends) in lingering:
             pending.wait(max(0.0, grace_ends - time.monotonic()))
             self._settle_answer(pending)
+
+    def _sync_sample(self, sample: Sample) -> None:
+        """The sample file on the disk before the ledger records it (manifest.py then syncs its folder and line)."""
+        try:
+            sync_file(self.fmt.sample_path(sample.row))
+        except OSError as exc:
+            if is_disk_full(exc):
+                raise disk_full_error(self.config.output, "the output", exc) from exc
+            raise
 
     def _write_sample(self, sample: Sample, dump: Dump) -> WrittenFile:
         try:

@@ -7,10 +7,11 @@
                         rows are retried by the next run.
 
 Both are appended line by line during a run and rewritten sorted by row, atomically, when a run
-ends; what is appended is synced in groups (:meth:`Manifest.sync`, at most every
+ends; what is appended is synced in groups by a thread of its own (:meth:`Manifest.sync`, every
 :data:`SYNC_INTERVAL_S`): first the folders the new samples were renamed into (each sample file is synced
-before its rename), then both files: every line synced names a file on the disk (a line the kernel wrote
-back before its group's sync may name a file a power loss took: the resume check redoes its row). So an
+before its line is appended), then both files. A line can reach the disk before its file's name does (the
+kernel writes back when it likes, and lines appended during a group's sync are synced with it): after a
+power loss the resume check finds such a file missing and redoes its row. So an
 interrupted-then-resumed run leaves the same files an uninterrupted one does. A torn
 last line (a crash mid-append) is cut off when the file is opened again, and its row redone; an
 append that fails (a full disk) is cut back off before the error goes on. A later line for a row
@@ -25,7 +26,6 @@ import json
 import logging
 import os
 import threading
-import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -193,7 +193,8 @@ class Manifest:
         self._samples_log = _AppendLog(self.root / SAMPLES_FILE)
         self._errors_log = _AppendLog(self.root / ERRORS_FILE)
         self._unsynced_folders: set[Path] = {self.root}  # the two files' own names
-        self._synced_at = time.monotonic()
+        self._syncer: threading.Thread | None = None  # started by the first record (a read-only use needs none)
+        self._closing = threading.Event()
 
     def is_settled(self, row: int, row_hash: str) -> bool:
         """Written, or known bad input, from this very row content: nothing more to do for it."""
@@ -218,37 +219,46 @@ class Manifest:
             while folder != self.root and folder not in self._unsynced_folders:  # a new group folder: its parent too
                 self._unsynced_folders.add(folder)
                 folder = folder.parent
-            self._sync_when_due()
+            self._start_syncer()
 
     def add_error(self, error: ErrorRecord) -> None:
         with self._lock:
             self._errors_log.append(asdict(error))
             self.errors[error.row] = error
-            self._sync_when_due()
+            self._start_syncer()
 
     def sync(self) -> None:
         """The samples renamed so far (their folders), then both files' appended lines, on the disk."""
         with self._lock:
-            self._sync()
-
-    def _sync_when_due(self) -> None:
-        if time.monotonic() - self._synced_at >= SYNC_INTERVAL_S:
-            self._sync()
-
-    def _sync(self) -> None:
-        for folder in sorted(self._unsynced_folders, key=lambda f: len(f.parts), reverse=True):
+            folders, self._unsynced_folders = self._unsynced_folders, {self.root}
+        for folder in sorted(folders, key=lambda f: len(f.parts), reverse=True):
             with contextlib.suppress(FileNotFoundError):  # a record of a file that is not there: the resume redoes it
                 sync_dir(folder)
-        self._unsynced_folders = {self.root}
         self._samples_log.sync()
         self._errors_log.sync()
-        self._synced_at = time.monotonic()
+
+    def _start_syncer(self) -> None:
+        """A thread of its own syncs every SYNC_INTERVAL_S: on a row's path, a slow disk's fsyncs held every worker
+        (and the server's dumps, waiting to be taken, filled a small dump tmpfs)."""
+        if self._syncer is None:
+            self._syncer = threading.Thread(target=self._sync_every_interval, name="hsextract-manifest-sync", daemon=True)
+            self._syncer.start()
+
+    def _sync_every_interval(self) -> None:
+        while not self._closing.wait(SYNC_INTERVAL_S):
+            try:
+                self.sync()
+            except OSError as exc:  # a full or failing disk: the next sync or the close says it again
+                log.warning("syncing %s failed: %s", self.root, exc)
 
     def close(self) -> None:
         """Rewrite both files sorted by row, atomically. On a full disk the appended files stay
         (they hold the same records, unsorted) and the OSError goes on."""
+        self._closing.set()
+        if self._syncer is not None:
+            self._syncer.join()
+        self.sync()  # the folders of the last samples; the rewrite below syncs the files themselves
         with self._lock:
-            self._sync()  # the folders of the last samples; the rewrite below syncs the files themselves
             self._samples_log.close()
             self._errors_log.close()
             write_jsonl(self.root / SAMPLES_FILE, [asdict(self.written[r]) for r in sorted(self.written)])

@@ -22,7 +22,6 @@ import yaml
 
 from hsextract.contract.files.dumps import Dump
 from hsextract.durable.atomic import atomic_write_bytes, remove_quietly, temp_path
-from hsextract.durable.sync import sync_handle
 from hsextract.errors import ConfigError
 from hsextract.output.checksum import HashingWriter, WrittenFile
 from hsextract.output.formats.base import OutputFormat, StoredSample
@@ -144,8 +143,7 @@ class SpecForgeFormat(OutputFormat):
                 # the same sample gives the same bytes in every run (and we hash them on the way).
                 writer = HashingWriter(handle)
                 torch.save(record, writer)  # type: ignore[arg-type]  # any object with write() will do
-                sync_handle(handle)  # before the rename; the manifest syncs the folder before its line (manifest.py)
-            os.replace(tmp, path)
+            os.replace(tmp, path)  # synced by the row worker once the dump is freed, before the row is recorded
         except BaseException:
             remove_quietly(tmp)
             raise

@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save_file
 from hsextract.contract.files import fp8
 from hsextract.contract.files.dumps import FINAL_SLOT_PRENORM, Dump
 from hsextract.contract.states import ErrorReason
-from hsextract.durable.atomic import remove_quietly, replace_synced, temp_path
+from hsextract.durable.atomic import remove_quietly, temp_path
 from hsextract.durable.sync import sync_dir, sync_tree
 from hsextract.errors import DumpError, MergeError
 from hsextract.output.checksum import WrittenFile, file_checksum
@@ -176,7 +176,7 @@ class SpeculatorsFormat(OutputFormat):
         try:
             save_file(tensors, str(tmp))
             written = WrittenFile(tmp.stat().st_size, file_checksum(tmp))
-            replace_synced(tmp, path)  # the manifest syncs the folder before its line (manifest.py)
+            os.replace(tmp, path)  # synced by the row worker once the dump is freed, before the row is recorded
         except BaseException:
             remove_quietly(tmp)
             raise
