@@ -8,7 +8,7 @@ import errno
 import os
 from pathlib import Path
 
-from hsextract.durable.sync import sync_dir
+from hsextract.durable.sync import sync_dirs
 from hsextract.errors import ConfigError
 
 
@@ -69,7 +69,6 @@ def make_directory(path: Path, what: str, setting: str) -> None:
     missing = [p for p in (path, *path.parents) if not p.exists()]
     try:
         path.mkdir(parents=True, exist_ok=True)
-        for made in reversed(missing):
-            sync_dir(made.parent)
+        sync_dirs(made.parent for made in missing)
     except OSError as exc:
         raise cannot_create(path, what, setting, exc) from None

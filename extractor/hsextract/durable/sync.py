@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -51,6 +51,17 @@ def sync_file(path: Path) -> None:
 def sync_dir(path: Path) -> None:
     """A folder's entries: the names created, renamed or removed in it."""
     sync_file(path)
+
+
+def sync_dirs(folders: Iterable[Path], *, missing_ok: bool = False) -> None:
+    """Each folder once, the deepest first: the names a group of writes made in them. ``missing_ok``: a folder
+    that is gone is passed over."""
+    for folder in sorted(set(folders), key=lambda f: len(f.parts), reverse=True):
+        try:
+            sync_dir(folder)
+        except FileNotFoundError:
+            if not missing_ok:
+                raise
 
 
 def sync_tree(root: Path) -> None:

@@ -21,7 +21,6 @@ replaces an earlier one. What a line claims is checked by the run before it is t
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -32,7 +31,7 @@ from typing import Any
 
 from hsextract.contract.states import ErrorKind
 from hsextract.durable.atomic import atomic_write_bytes
-from hsextract.durable.sync import sync_dir, sync_fd
+from hsextract.durable.sync import sync_dirs, sync_fd
 
 log = logging.getLogger(__name__)
 
@@ -231,9 +230,7 @@ class Manifest:
         """The samples renamed so far (their folders), then both files' appended lines, on the disk."""
         with self._lock:
             folders, self._unsynced_folders = self._unsynced_folders, {self.root}
-        for folder in sorted(folders, key=lambda f: len(f.parts), reverse=True):
-            with contextlib.suppress(FileNotFoundError):  # a record of a file that is not there: the resume redoes it
-                sync_dir(folder)
+        sync_dirs(folders, missing_ok=True)  # a record of a file that is not there: the resume redoes it
         self._samples_log.sync()
         self._errors_log.sync()
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hsextract.durable.atomic import atomic_write_bytes, is_temp_name, replace_synced, temp_path
-from hsextract.durable.sync import sync_dir
+from hsextract.durable.sync import sync_dir, sync_dirs
 from hsextract.errors import MergeError
 from hsextract.output.checksum import file_checksum
 from hsextract.output.data_config import DATA_CONFIG_FILE, read_data_config, write_data_config
@@ -213,8 +213,7 @@ def merge_outputs(shard_dirs: Sequence[Path], into: Path, copy: bool = False) ->
     fmt = open_format(fmt_name, into)
     placer = _Placer(copy)
     samples = _place_samples(plan, fmt, into, placer)
-    for folder in sorted(placer.folders, key=lambda f: len(f.parts), reverse=True):
-        sync_dir(folder)  # every placed name on the disk before the records that count them
+    sync_dirs(placer.folders)  # every placed name on the disk before the records that count them
     removed = _remove_strays(fmt, into, set(plan.owner))
     if removed:
         log.info("removed %d sample files of an earlier merge that this one does not hold", removed)
