@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from hsextract.capture.embedded import Engine
 from hsextract.capture.embedded.config import ServeConfig
@@ -138,6 +139,18 @@ def test_the_extractor_asks_for_the_binary_answer(model_dir, serve, tmp_path: Pa
         summary = run_extraction(server.url, data, tmp_path / "out", metrics, spot_check_every=1)
     assert summary.status is RunStatus.COMPLETE, summary.fatal_error
     assert seen.count(STATES_MEDIA_TYPE) == spot_checks(metrics, "match") == len(LENGTHS)
+
+
+def test_the_server_counts_the_time_its_checks_hold_the_scheduler(model_dir, serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    server = serve(model_dir("llama", "bfloat16"))
+    data = write_dataset(tmp_path / "data.jsonl")
+    summary = run_extraction(server.url, data, tmp_path / "out", ExtractMetrics(), spot_check_every=2)
+    assert summary.status is RunStatus.COMPLETE, summary.fatal_error
+    served = text_string_to_metric_families(httpx.get(server.url + "/metrics").text)
+    values = {(s.name, s.labels.get("stage")): s.value for family in served for s in family.samples}
+    # rows 0, 2, 4, 6, 8 (the first row and every 2nd): what a benchmark divides by the run's time
+    assert values[("hsextract_server_stage_seconds_count", "spot_check")] == len(LENGTHS) // 2
+    assert values[("hsextract_server_stage_seconds_sum", "spot_check")] > 0
 
 
 MODELS = {  # the tiny ones of the suite, and a deeper, wider one

@@ -9,6 +9,8 @@ Stages (``hsextract_server_stage_seconds{stage=...}``, a histogram per stage):
 * ``d2h``: GPU time of one batch's device-to-host copy on the side stream
 * ``wait_copy``: how long the dump assembler waited for a copy to land
 * ``dump_write``: one dump written (a writer thread; several run at once)
+* ``spot_check``: host time the scheduler thread spent launching one spot check's unbatched forward (no other
+  forward is launched meanwhile: what a check costs the run; embedded engine)
 
 Sums of a stage can exceed the wall time where its work runs in parallel (``dump_write``).
 The embedded server serves these on ``GET /metrics``; the SGLang hook keeps only the totals
@@ -21,7 +23,7 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-STAGES = ("queue", "launch", "forward", "d2h", "wait_copy", "dump_write")
+STAGES = ("queue", "launch", "forward", "d2h", "wait_copy", "dump_write", "spot_check")
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 

@@ -401,8 +401,10 @@ class Engine:
 
     def _forward_alone(self, requests: list[EngineRequest]) -> None:
         self._prenorm = None  # set again during this forward by _grab_prenorm (the scheduler thread's, never the decoder's)
+        began = time.perf_counter()
         cache = {self._cache_kwarg: throwaway_cache(self.config)}
         answer = answer_alone(self.base, requests[0], self.device, self.capture, cache, lambda: self._prenorm)
+        self.clock.observe("spot_check", time.perf_counter() - began)  # the scheduler launched nothing else meanwhile
         self._spot_answers.resolve(requests[0].future, answer)  # the scheduler goes on: no wait for the states
 
     def _gather(
