@@ -79,8 +79,9 @@ lint: setup  ## ruff, mypy (strict on the package, bodies of the tests), shellch
 	scripts/lint-shell.sh $(BIN)/shellcheck
 	$(MAKE) lint-ansible
 
-bench: setup  ## benchmarks; writes bench/results.json, results-spot-check.json, results-prepare.json and results-generate.json
+bench: setup  ## benchmarks; writes bench/results.json, results-durability.json, results-spot-check.json, results-prepare.json and results-generate.json
 	$(BIN)/python bench/bench_core.py --out bench/results.json
+	$(BIN)/python bench/bench_durability.py --out bench/results-durability.json
 	$(BIN)/python bench/bench_spot_check.py --out bench/results-spot-check.json
 	$(BIN)/python bench/bench_prepare.py --out bench/results-prepare.json
 	PYTHONPATH=extractor $(BIN)/python bench/bench_generate.py --out bench/results-generate.json

@@ -50,7 +50,6 @@ from hsextract.api import (
     ServeConfig,
     SpecForgeFormat,
     iter_raw_rows,
-    syncs_off,
     validate_row,
 )
 from hsextract.contract.files.dumps import HIDDEN_FILE, DumpSource, read_dump, write_dump, write_fp8_dump
@@ -221,16 +220,13 @@ def bench_e2e(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     command = [sys.executable, "-m", "hsextract", "serve", "--model", str(model), "--dump-dir", str(dump_dir), *sizes.split()]
     with open(log_path, "wb") as server_log:
         server = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT)
-    fwd, e2e, plan, unsynced = [], [], [], []  # seconds per repeat
+    fwd, e2e, plan = [], [], []  # seconds per repeat
     storages: dict[str, list[tuple[float, int]]] = {"auto": [], "float8_e4m3fn": []}  # speculators: (seconds, bytes)
     try:
         _wait_healthy(url, server, 300.0, log_path)
         for repeat in range(args.e2e_repeats):  # alternating, so drift on a shared machine hits both alike
             fwd.append(forward_seconds(model, samples, args))
             e2e.append(extract_seconds(url, data, work / f"output-{repeat}", args, n)[0])
-            with syncs_off():  # what the power-loss syncs cost: the same run without them
-                unsynced.append(extract_seconds(url, data, work / f"unsynced-{repeat}", args, n)[0])
-            shutil.rmtree(work / f"unsynced-{repeat}")
             for storage in storages if repeat % 2 == 0 else reversed(storages):
                 out = work / f"speculators-{storage}-{repeat}"
                 storages[storage].append(extract_seconds(url, data, out, args, n, format="speculators", storage=storage))
@@ -253,9 +249,6 @@ def bench_e2e(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         "e2e_tokens_per_s": tokens / e2e_s,
         "forward_tokens_per_s": tokens / forward_s,
         "e2e_vs_forward_ratio_per_repeat": [f / e for f, e in zip(fwd, e2e, strict=True)],
-        # the run's rate with its fsyncs over the rate without (target >= 0.97: issue 36)
-        "synced_vs_unsynced_rate_ratio": statistics.median(unsynced) / e2e_s,
-        "unsynced_seconds": unsynced,
         "e2e_seconds": e2e,
         "forward_seconds": fwd,
         "plan_seconds_estimate": plan,

@@ -131,6 +131,7 @@ class RowWorker:
                     written = self._write_sample(sample, dump)
                     del dump
                     remove_dump(directory)  # freed before the sync: a dump tmpfs sized for a few dumps waits on it
+                with self.metrics.stage("sync"):
                     self._sync_sample(sample)
             except HsextractError as exc:
                 if isinstance(exc, BadSampleError):
