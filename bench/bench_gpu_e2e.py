@@ -19,7 +19,10 @@ Then, in one run:
     output on the local disk (--disk-dir); wall time including preflight and planning.
 (c) ``e2e_tmpfs``: the same with the output on tmpfs (--tmpfs-dir).
 (d) ``disk_write``: a plain write of the same files' bytes (sizes from (b)'s samples.jsonl) to
-    --disk-dir, 8 threads, no fsync (as the extractor writes), expressed in tokens/s.
+    --disk-dir, 8 threads, no fsync, expressed in tokens/s.
+(s) ``sync_cost`` (with --sync-pairs N): N pairs of (b) with the extractor's power-loss fsyncs and with every
+    fsync a no-op (``hsextract.api.syncs_off``), interleaved: the rate ratio per pair and its median
+    (target >= 0.97), and the workers' share of time waiting for their samples' fsyncs.
 
 ``e2e_vs_forward_ratio`` = (c) / (a); ``e2e_vs_limit_ratio`` = (b) / min((a), (d)); GPU utilisation
 (NVML) is sampled during each phase; per-stage seconds come from the server's ``/metrics`` and the
@@ -51,7 +54,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -60,12 +63,13 @@ import httpx
 import torch
 import transformers
 
-from hsextract.api import Engine, ExtractConfig, Extraction, ExtractMetrics, ServeConfig, open_format
+from hsextract.api import Engine, ExtractConfig, Extraction, ExtractMetrics, ServeConfig, open_format, syncs_off
 from hsextract.contract.files.dumps import read_dump
 from hsextract.contract.rids import make_rid
 
 log = logging.getLogger("bench_gpu_e2e")
 TARGETS = {"e2e_vs_forward_ratio": 0.9, "e2e_vs_limit_ratio": 0.9, "e2e_disk_tokens_per_s": 27000.0}
+SYNC_COST_TARGET = 0.97  # (s): the rate with the power-loss fsyncs over the rate without (issue 36)
 GB = 1e9
 DEFAULT_CONCURRENCY: int = ExtractConfig.model_fields["concurrency"].default
 
@@ -377,6 +381,27 @@ def extract(url: str, data: Path, output: Path, args: argparse.Namespace, expect
     }
 
 
+def sync_cost(url: str, data: Path, disk: Path, args: argparse.Namespace, expected_tokens: int) -> dict[str, Any]:
+    """(s): --sync-pairs pairs of (b) with its power-loss fsyncs and with every fsync a no-op, interleaved."""
+    runs: dict[str, list[dict[str, Any]]] = {"synced": [], "unsynced": []}
+    for pair in range(args.sync_pairs):
+        for arm in ("synced", "unsynced") if pair % 2 == 0 else ("unsynced", "synced"):
+            with syncs_off() if arm == "unsynced" else nullcontext():
+                runs[arm].append(extract(url, data, disk / "sync-out", args, expected_tokens))
+            shutil.rmtree(disk / "sync-out")
+    ratios = [s["tokens_per_s"] / u["tokens_per_s"] for s, u in zip(runs["synced"], runs["unsynced"], strict=True)]
+    stages = [run["extractor_stage_seconds_sum"] for run in runs["synced"]]
+    return {
+        "synced_vs_unsynced_rate_ratio": statistics.median(ratios),
+        "pair_ratios": ratios,
+        "synced_tokens_per_s": [run["tokens_per_s"] for run in runs["synced"]],
+        "unsynced_tokens_per_s": [run["tokens_per_s"] for run in runs["unsynced"]],
+        # the workers' wait for their samples' fsyncs over all their stages' seconds: unmoved by the drift
+        "row_path_sync_share": statistics.median(st["sync"] / sum(st.values()) for st in stages),
+        "target": SYNC_COST_TARGET,
+    }
+
+
 def start_server(
     model_dir: Path, dump_dir: Path, args: argparse.Namespace, log_path: Path
 ) -> tuple[subprocess.Popen[bytes], str]:
@@ -622,6 +647,8 @@ def parse_args() -> argparse.Namespace:
     add("--max-batch-tokens", type=int, default=16384, help="token budget of one forward, (a) and the server")
     add("--reference-rows", type=int, default=8, help="rows of (c)'s output compared with a plain forward")
     add("--skip", default="", help="comma-separated phases to skip: a,b,c,d,ref")
+    add("--sync-pairs", type=int, default=0, help="(s): pairs of (b) with and without the power-loss fsyncs "
+        "(hsextract.api.syncs_off), interleaved; the rate ratio's target >= 0.97 (default: 0, not run)")  # fmt: skip
     add("--cpu-smoke", action="store_true", help="toy sizes on the CPU: checks the script end to end, measures nothing")
     args = parser.parse_args()
     if args.cpu_smoke:
@@ -695,6 +722,10 @@ def main() -> int:
             shutil.rmtree(disk / "out")
         else:
             sizes = [len(r) * (3 + 1) * args.hidden * 2 + 2000 for r in rows]
+        if args.sync_pairs:
+            phases["s_sync_cost"] = sync_cost(url, data, disk, args, tokens)
+            log.info("(s) synced vs unsynced: %.3f", phases["s_sync_cost"]["synced_vs_unsynced_rate_ratio"])
+            results.update(phases=phases)
         if "c" not in skip:
             phases["c_e2e_tmpfs"] = extract(url, data, tmpfs / "out", args, tokens)
             log.info("(c) e2e tmpfs: %.0f tokens/s", phases["c_e2e_tmpfs"]["tokens_per_s"])
