@@ -69,7 +69,6 @@ def test_metrics_are_served_and_match_the_output(model_dir, start_server, tmp_pa
         assert values[("hsextract_stage_seconds_count", (("stage", stage),))] == 5, stage
     for stage in ("request", "verify", "pack", "sync"):  # wait_dump is 0 for a row whose dump came before its answer
         assert values[("hsextract_stage_seconds_sum", (("stage", stage),))] > 0, stage
-    assert values[("hsextract_stage_seconds_sum", (("stage", "wait_dump"),))] >= 0
     assert metrics.stage_totals()["pack"] == values[("hsextract_stage_seconds_sum", (("stage", "pack"),))]
 
 
