@@ -119,3 +119,40 @@ def test_sigterm_stops_cleanly_and_resumes(model_dir, start_server, tmp_path: Pa
     rerun = subprocess.run(extract_command(server.url, dataset, output), capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr
     assert json.loads((output / "data_config.json").read_text())["total_samples"] == 20
+
+
+_KILLED_IN_SAVE_FILE = """
+import sys, torch
+from safetensors.torch import save_file
+save_file({"x": torch.zeros(64, 1024, 1024)}, sys.argv[1])
+"""
+
+
+def _killed_inside_save_file(target: Path) -> Path:
+    """What a run SIGKILLed inside safetensors' save_file leaves: the writer's own temp file beside ``target``."""
+    before = set(target.parent.iterdir())
+    process = subprocess.Popen([sys.executable, "-c", _KILLED_IN_SAVE_FILE, str(target)])
+    deadline = time.monotonic() + 60
+    while not (left := set(target.parent.iterdir()) - before) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    process.kill()
+    process.wait()
+    assert len(left) == 1 and not target.exists(), left
+    return left.pop()
+
+
+def test_a_temp_file_of_safetensors_own_is_swept_by_the_rerun(model_dir, start_server, tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    from hsextract.output.verify import verify_output
+
+    server = start_server(model_dir("deepseek_v3"))
+    dataset = make_sample_data(tmp_path / "data.jsonl", num=4, vocab_size=1024, seed=2, max_len=120)
+    out = tmp_path / "out"
+    assert run_extraction(server.url, dataset, out, format="speculators").written_now == 4
+    stray = _killed_inside_save_file(out / "hidden_states" / ".hs_9.safetensors.tmp-1-2")
+    assert stray.name.startswith(".tmp")  # safetensors 0.8: Rust's tempfile crate, then a rename
+    assert any("temporary files left" in problem for problem in verify_output(out).problems)
+    with caplog.at_level("INFO", logger="hsextract.extract.run"):
+        rerun = run_extraction(server.url, dataset, out, format="speculators")
+    assert rerun.written_now == 0 and rerun.resumed == 4
+    assert not stray.exists() and "removed 1 temporary files left by an interrupted run" in caplog.text
+    assert verify_output(out).ok

@@ -164,7 +164,8 @@ def assert_same_output(output: Path, reference: Path, ignore: tuple[str, ...] = 
     got, want = snapshot(output, ignore), snapshot(reference, ignore)
     assert got["data_config"] == want["data_config"]
     assert got["identity"] == want["identity"]
-    assert got["files"].keys() == want["files"].keys()
+    extra, missing = sorted(got["files"].keys() - want["files"].keys()), sorted(want["files"].keys() - got["files"].keys())
+    assert not extra and not missing, f"files only in {output}: {extra}; only in the uninterrupted run's: {missing}"
     differing = [name for name in got["files"] if got["files"][name] != want["files"][name]]
     assert not differing, f"files differ from the uninterrupted run: {differing[:5]}"
 

@@ -1,9 +1,10 @@
 """Writes that are never visible half-done nor lost once done: a temp name beside the target, synced,
 then ``os.replace``, then (for one file) its folder synced.
 
-Every temp file the package writes is named by :func:`temp_path`, so a run killed mid-write leaves
-only names :func:`is_temp_name` recognises, which the next run sweeps and ``verify`` reports. A
-write that fails (a full disk) removes its temp file before the error goes on.
+Every temp file the package writes is named by :func:`temp_path`; safetensors' ``save_file`` (0.8) writes
+through a ``.tmpXXXXXX`` of its own (Rust's tempfile crate) in the target's folder and renames it to that
+name. So a run killed mid-write leaves only names :func:`is_temp_name` recognises, which the next run sweeps
+and ``verify`` reports. A write that fails (a full disk) removes its temp file before the error goes on.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 from hsextract.durable.sync import sync_dir, sync_file, sync_handle
 
 _TEMP_NAME_RE = re.compile(r"^\..+\.tmp-\d+(-\d+)?$")
+#: what safetensors' save_file writes first (Rust's tempfile crate: ".tmp" and 6 letters or digits)
+_WRITER_TEMP_NAME_RE = re.compile(r"^\.tmp[A-Za-z0-9]{6}$")
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 #: what the writers we call (torch's zip writer, safetensors' Rust writer, the OS) say on a full disk
 _DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "StorageFull", "os error 28")
@@ -29,7 +32,7 @@ def temp_path(path: Path) -> Path:
 
 
 def is_temp_name(name: str) -> bool:
-    return _TEMP_NAME_RE.match(name) is not None
+    return _TEMP_NAME_RE.match(name) is not None or _WRITER_TEMP_NAME_RE.match(name) is not None
 
 
 def remove_quietly(path: Path) -> None:

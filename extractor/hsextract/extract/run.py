@@ -72,8 +72,8 @@ log = logging.getLogger(__name__)
 def sweep_temp_files(root: Path) -> int:
     """Remove temp files a killed run left behind; they are never under a final name."""
     removed = 0
-    for path in root.rglob(".*.tmp-*"):
-        if is_temp_name(path.name):
+    for path in list(root.rglob(".*")):
+        if is_temp_name(path.name) and path.exists():  # (a temp directory's own files went with it)
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
             else:
