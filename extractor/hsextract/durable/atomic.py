@@ -13,6 +13,7 @@ import contextlib
 import errno
 import os
 import re
+import shutil
 import threading
 from pathlib import Path
 
@@ -33,6 +34,19 @@ def temp_path(path: Path) -> Path:
 
 def is_temp_name(name: str) -> bool:
     return _TEMP_NAME_RE.match(name) is not None or _WRITER_TEMP_NAME_RE.match(name) is not None
+
+
+def sweep_temp_files(root: Path) -> int:
+    """Remove the temp files a killed writer left under ``root`` (never under a final name); how many."""
+    removed = 0
+    for path in list(root.rglob(".*")):
+        if is_temp_name(path.name) and path.exists():  # (a temp directory's own files went with it)
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed += 1
+    return removed
 
 
 def remove_quietly(path: Path) -> None:

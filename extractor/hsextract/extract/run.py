@@ -24,7 +24,6 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import logging
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -34,7 +33,7 @@ from pathlib import Path
 
 from hsextract.contract.files.dumps import Dump
 from hsextract.contract.states import RunStatus
-from hsextract.durable.atomic import is_disk_full, is_temp_name, remove_quietly
+from hsextract.durable.atomic import is_disk_full, remove_quietly, sweep_temp_files
 from hsextract.durable.lock import OutputLock
 from hsextract.errors import BadSampleError, DiskFullError, HsextractError, ServerError
 from hsextract.extract.checks.dump_checks import DumpExpectation
@@ -67,19 +66,6 @@ from hsextract.paths import make_directory
 from hsextract.ports import check_metrics_port
 
 log = logging.getLogger(__name__)
-
-
-def sweep_temp_files(root: Path) -> int:
-    """Remove temp files a killed run left behind; they are never under a final name."""
-    removed = 0
-    for path in list(root.rglob(".*")):
-        if is_temp_name(path.name) and path.exists():  # (a temp directory's own files went with it)
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-            removed += 1
-    return removed
 
 
 class Extraction:

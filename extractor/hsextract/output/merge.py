@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from hsextract.durable.atomic import atomic_write_bytes, is_temp_name, replace_synced, temp_path
+from hsextract.durable.atomic import atomic_write_bytes, replace_synced, sweep_temp_files, temp_path
 from hsextract.durable.sync import sync_dir, sync_dirs
 from hsextract.errors import MergeError
 from hsextract.output.checksum import file_checksum
@@ -99,15 +99,6 @@ def _check_target(into: Path, shards: Sequence[ShardOutput]) -> None:
             f"--into {into} is not empty and holds no merge (no {MERGE_MARKER}, no merged {DATA_CONFIG_FILE}); "
             "choose an empty or new directory"
         )
-
-
-def _sweep(into: Path) -> None:
-    for path in list(into.rglob(".*")):
-        if is_temp_name(path.name):
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
 
 
 class _Placer:
@@ -209,7 +200,7 @@ def merge_outputs(shard_dirs: Sequence[Path], into: Path, copy: bool = False) ->
     make_directory(into, "merge target", "--into")
     atomic_write_bytes(into / MERGE_MARKER, (json.dumps([str(s.path) for s in plan.shards]) + "\n").encode())
     (into / DATA_CONFIG_FILE).unlink(missing_ok=True)  # until the end, the output is not complete
-    _sweep(into)
+    sweep_temp_files(into)
     fmt = open_format(fmt_name, into)
     placer = _Placer(copy)
     samples = _place_samples(plan, fmt, into, placer)
