@@ -130,18 +130,23 @@ save_file({"x": torch.zeros(64, 1024, 1024)}, sys.argv[1])
 
 def _killed_inside_save_file(target: Path) -> Path:
     """What a run SIGKILLed inside safetensors' save_file leaves: the writer's own temp file beside ``target``."""
-    before = set(target.parent.iterdir())
-    process = subprocess.Popen([sys.executable, "-c", _KILLED_IN_SAVE_FILE, str(target)])
-    deadline = time.monotonic() + 60
-    while not (left := set(target.parent.iterdir()) - before) and time.monotonic() < deadline:
-        time.sleep(0.002)
-    process.kill()
-    process.wait()
-    assert len(left) == 1 and not target.exists(), left
-    return left.pop()
+    for _ in range(5):  # a loaded machine may let the write finish before the kill: then again
+        before = set(target.parent.iterdir())
+        process = subprocess.Popen([sys.executable, "-c", _KILLED_IN_SAVE_FILE, str(target)])
+        deadline = time.monotonic() + 120
+        while not (left := set(target.parent.iterdir()) - before) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        process.kill()
+        process.wait()
+        if target.exists():
+            target.unlink()
+            continue
+        assert len(left) == 1, left
+        return left.pop()
+    raise AssertionError("save_file finished before every kill")
 
 
-def test_a_temp_file_of_safetensors_own_is_swept_by_the_rerun(model_dir, start_server, tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+def test_the_rerun_sweeps_the_temp_file_safetensors_leaves_when_killed(model_dir, start_server, tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
     from hsextract.output.verify import verify_output
 
     server = start_server(model_dir("deepseek_v3"))
