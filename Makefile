@@ -102,7 +102,7 @@ ifneq ($(SOAK),)
 else ifneq ($(FP8),)
 	PYTHONPATH=extractor:bench $(or $(GPU_PYTHON),python3) bench/bench_gpu_fp8.py --out bench/results-gpu-fp8.json $(BENCH_ARGS)
 else
-	PYTHONPATH=extractor:bench $(or $(GPU_PYTHON),python3) bench/bench_gpu_e2e.py --out bench/results-gpu-e2e.json $(BENCH_ARGS)
+	PYTHONPATH=extractor $(or $(GPU_PYTHON),python3) bench/bench_gpu_e2e.py --out bench/results-gpu-e2e.json $(BENCH_ARGS)
 endif
 
 # N servers, one per GPU (--gpus, default all), one extractor process per shard, merge + verify, bf16 and FP8 (issue 21)
