@@ -40,7 +40,7 @@ from typing import Any
 import httpx
 import torch
 import transformers
-from bench_gpu_e2e import stop_server
+from bench_gpu_e2e import setup_logging, stop_server
 
 from hsextract.api import (
     Engine,
@@ -334,9 +334,7 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "httpcore", "hsextract", "transformers"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    setup_logging("httpx", "httpcore", "hsextract", "transformers")
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     args = parse_args()
     args.work_dir.mkdir(parents=True, exist_ok=True)

@@ -34,11 +34,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import bench_gpu_e2e as e2e
 import transformers
-from bench_core import _free_port, _wait_healthy
-from bench_gpu_e2e import stop_server
 
-from hsextract.api import ExtractConfig, Extraction, ExtractMetrics, syncs_off
+from hsextract.api import ExtractConfig, Extraction, ExtractMetrics, ServeConfig, syncs_off
 from hsextract.dev.sample_data import make_sample_data
 from hsextract.dev.tiny_model import make_tiny_model
 
@@ -49,6 +48,7 @@ VOCAB = 1024
 #: (--max-batch-tokens 1): how requests arrive over HTTP decides how a batching server groups them, and the
 #: forward's cost would then differ between the two runs by more than the syncs do (pairs 0.73-1.44 at 32).
 SHAPES = {"short_rows": (8, 64, 600, 160, 8), "wide_rows": (8, 256, 48, 1024, 8)}
+SERVE_CHUNKED_PREFILL_SIZE: int = ServeConfig.model_fields["chunked_prefill_size"].default  # serve's own default
 
 
 def _extract(url: str, data: Path, output: Path, concurrency: int, rows: int) -> tuple[float, dict[str, float]]:
@@ -70,17 +70,14 @@ def bench_shape(work: Path, name: str, repeats: int) -> dict[str, Any]:
     model = make_tiny_model(work / "model", "llama", layers, hidden, VOCAB, dtype="float32")
     data = make_sample_data(work / "data.jsonl", rows, VOCAB, max_len=max_len)
     dump_dir = Path(tempfile.mkdtemp(prefix="hsx-bench-sync-dumps-", dir="/dev/shm"))
-    port, log_path = _free_port(), work / "server.log"
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "hsextract", "serve", "--model", str(model), "--dump-dir", str(dump_dir),
-               "--port", str(port), "--max-batch-tokens", "1"]  # fmt: skip
-    with open(log_path, "wb") as server_log:
-        server = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT)
+    log_path = work / "server.log"
+    serve = argparse.Namespace(device="cpu", max_batch_tokens=1, chunked_prefill_size=SERVE_CHUNKED_PREFILL_SIZE)
+    server, url = e2e.start_server(model, dump_dir, serve, log_path)
     seconds: dict[str, list[float]] = {"synced": [], "unsynced": []}
     sync_shares: list[float] = []  # of the synced runs: the row path's fsync seconds over all its stages' seconds
     written = 0
     try:
-        _wait_healthy(url, server, 300.0, log_path)
+        e2e.wait_healthy(url, server, log_path, 300.0)
         _extract(url, data, work / "warmup", concurrency, rows)  # the server's first batches, page cache
         written = sum(p.stat().st_size for p in (work / "warmup").rglob("*") if p.is_file())
         shutil.rmtree(work / "warmup")
@@ -97,7 +94,7 @@ def bench_shape(work: Path, name: str, repeats: int) -> dict[str, Any]:
             log.info("%s repeat %d: synced %.2f s, unsynced %.2f s", name, repeat, seconds["synced"][-1],
                      seconds["unsynced"][-1])  # fmt: skip
     finally:
-        stop_server(server)
+        e2e.stop_server(server)
         shutil.rmtree(dump_dir, ignore_errors=True)
     pairs = [u / s for s, u in zip(seconds["synced"], seconds["unsynced"], strict=True)]
     return {
@@ -126,9 +123,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "httpcore", "hsextract", "transformers"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    e2e.setup_logging("httpx", "httpcore", "hsextract", "transformers")
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     args = parse_args()
     args.work_dir.mkdir(parents=True, exist_ok=True)

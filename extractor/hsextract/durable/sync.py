@@ -14,8 +14,8 @@ _enabled = True
 
 @contextlib.contextmanager
 def syncs_off() -> Iterator[None]:
-    """Every sync a no-op inside the block, for a benchmark that measures what they cost (``bench_core``);
-    nothing a user runs turns them off."""
+    """Every sync a no-op inside the block, for a benchmark that measures what they cost (``bench_durability``,
+    ``bench_gpu_e2e --sync-pairs``); nothing a user runs turns them off."""
     global _enabled
     _enabled = False
     try:
