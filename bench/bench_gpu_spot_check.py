@@ -321,7 +321,7 @@ def parse_args() -> argparse.Namespace:
     add("--work", type=Path, default=Path(__file__).resolve().parent / "work", help="scratch: models, outputs")
     add("--models", default="8b,kimi", help="comma-separated: 8b, kimi (default: %(default)s)")
     add("--append", action="store_true", help="add to the models already in --out")
-    add("--label", default="", help="a suffix of the models' keys in --out (keeps an earlier run of the same model)")
+    add("--label", default="", help="a suffix of the models' keys in --out (a key already there gets -2, -3, ...)")
     add("--rows", type=int, default=2000)
     add("--median", type=int, default=200, help="median row length")
     add("--longest", type=int, default=1024)
@@ -397,7 +397,7 @@ def main() -> int:
         work.mkdir(parents=True)
         model_dir = work / "model"
         results: dict[str, Any] = {"config": {k: str(v) for k, v in vars(args).items()}}
-        data["models"][f"{name}{args.label}"] = results
+        data["models"][unused_key(data["models"], f"{name}{args.label}")] = results
         results["model"] = make_model(model_dir, kimi_config(args) if name == "kimi" else e2e.llama_config(args), args)
         results["dataset"] = make_dataset(work / "data.jsonl", args.rows, args)
         results["every_row_dataset"] = make_dataset(work / "every.jsonl", args.every_row_rows, args, seed=8)
@@ -421,6 +421,16 @@ def main() -> int:
         log.info("%s: %s", name, json.dumps(results["headline"], indent=1))
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def unused_key(models: dict[str, Any], key: str) -> str:
+    """``key``, or ``key-2``, ``key-3``, ... when --append meets a model already measured: a run never replaces
+    another's figures (one did: the 8B model's fault runs were lost to a later server-only run)."""
+    if key not in models:
+        return key
+    taken = next(f"{key}-{n}" for n in range(2, 1000) if f"{key}-{n}" not in models)
+    log.warning("%s is already in --out: this run is recorded as %s", key, taken)
+    return taken
 
 
 def _serve_args(args: argparse.Namespace) -> argparse.Namespace:
