@@ -255,6 +255,9 @@ def extract(url: str, work: Path, name: str, fmt: str, data: str, extra: list[st
     config = json.loads((out / "data_config.json").read_text())
     result.update({key: config.get(key) for key in ("total_samples", "total_tokens", "layer_ids", "storage_dtype", "status")})
     result["tokens_per_s"] = round((config.get("total_tokens") or 0) / max(result["seconds"], 1e-9))
+    spot = config.get("spot_checks") or {}  # the CLI's default check ran: how many rows, and did any differ
+    counts = ("every", "checked_rows", "matched_rows", "mismatched_rows", "failed_requests")
+    result["spot_checks"] = {k: spot.get(k) for k in counts}
     return result
 
 

@@ -424,6 +424,8 @@ def start_server(
         "--chunked-prefill-size",
         str(args.chunked_prefill_size),
     ]
+    if getattr(args, "layer_ids", None):  # a model too shallow for the default three (--layers 4)
+        command += ["--layer-ids", args.layer_ids]
     with open(log_path, "wb") as server_log:
         server = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT)
     return server, f"http://127.0.0.1:{port}"
@@ -532,7 +534,9 @@ def reference_fp32(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     try:
         with sync_warnings(syncs, args.device == "cuda"):
             futures = [engine.submit(make_rid(i, len(p)), p) for i, p in enumerate(prompts)]
-            for future in futures:
+            # spot checks among the batches: their forwards run on the same thread and must not drain the queue
+            checks = [engine.spot_check(f"check-{i}", p[:64]) for i, p in enumerate(prompts[::3])]
+            for future in futures + checks:
                 future.result(timeout=300)
     finally:
         engine.shutdown()
@@ -552,7 +556,8 @@ def reference_fp32(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         worst = max(worst, relative(dump.final_hidden_state, states[-1][0]))
     return {
         "what": "float32 Llama (hidden 256, 8 layers) through the embedded engine on the device, 12 prompts of 20-600 "
-        "tokens batched with padding and chunked at 256, vs batch-1 float32 forwards; max |diff| / max |ref|",
+        "tokens batched with padding and chunked at 256 (and 4 spot checks among them), vs batch-1 float32 forwards; "
+        "max |diff| / max |ref|",
         "worst_relative_error": worst,
         "tolerance": 1e-4,
         "passed": worst < 1e-4,
@@ -603,6 +608,7 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
     add("--hidden", type=int, default=4096)
     add("--intermediate", type=int, default=14336)
     add("--layers", type=int, default=32)
+    add("--layer-ids", default="", help="the server's aux layers, comma-separated (default: serve's, which needs 5+ layers)")
     add("--heads", type=int, default=32)
     add("--kv-heads", type=int, default=8)
     add("--vocab", type=int, default=128256)
