@@ -56,7 +56,10 @@ def answer_alone(
 
     On a GPU the states are copied to pinned host memory without waiting and the call waits on an event:
     a blocking copy on the scheduler thread drained the device's queue of forwards for every check."""
-    ids = torch.tensor(request.input_ids, dtype=torch.int64).unsqueeze(0).to(device)
+    ids = torch.tensor(request.input_ids, dtype=torch.int64).unsqueeze(0)
+    if device.type == "cuda":  # a copy from pageable memory waits for every forward queued before it (a stream sync)
+        ids = ids.pin_memory()
+    ids = ids.to(device, non_blocking=True)
     states = base(input_ids=ids, output_hidden_states=True, **cache).hidden_states
     before_norm = prenorm()
     if before_norm is None:
