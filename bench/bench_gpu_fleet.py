@@ -16,8 +16,9 @@ bench_gpu_fp8), on the local disk (--disk-dir):
     the merged output, each timed with its exit code; the merged output is checked: total_samples +
     errors == rows, its samples.jsonl lists exactly the good rows in input order with their lengths,
     errors.jsonl exactly the bad ones (--bad-rows rows are given an id past the vocabulary).
-(4) ``disk_write``: a plain write of the same files' bytes (sizes from (2)'s samples.jsonl) to the same
-    disk, 8 threads per GPU, no fsync (as the extractor writes): the disk's rate in tokens/s.
+(4) ``disk_write``: the disk's limit as ``bench_gpu_e2e.plain_write`` defines it (each file fsynced, as the
+    extractor syncs its samples) for the same files' sizes (from (2)'s samples.jsonl) on the same disk,
+    ``DISK_LIMIT_THREADS`` threads per GPU, in tokens/s.
 
 ``fleet_vs_n_single_ratio`` = (2) / (N x (1)); ``fleet_vs_limit_ratio`` = (2) / min(N x (1), (4)),
 the target >= 0.9 per variant. With --gpus 1 the fleet is one extractor again and the ratio is the
@@ -491,7 +492,7 @@ def main() -> int:
             shutil.rmtree(disk / f"{variant}-merged", ignore_errors=True)
             shutil.rmtree(disk / f"{variant}-fleet")
             results.update(phases=variants)
-            phases["disk_write"] = e2e.plain_write(disk / "plain", sizes, tokens, threads=8 * n)
+            phases["disk_write"] = e2e.plain_write(disk / "plain", sizes, tokens, threads=e2e.DISK_LIMIT_THREADS * n)
             log.info("%s plain write: %.2f GB/s", variant, phases["disk_write"]["gb_per_s"])
             results.update(phases=variants, **headline(variants, n))
         print(json.dumps(headline(variants, n), indent=1))
