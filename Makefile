@@ -96,13 +96,15 @@ bench-gpu:  ## on a GPU host: the SGLang hook's forward-thread hold time and dum
 # SOAK=1: the soak mode instead (issue 16): back-to-back runs per --max-batch-tokens, stalls counted; bench/results-gpu-soak.json
 # FP8=1: the speculators format stored as bf16 and as FP8 side by side (issue 17); bench/results-gpu-fp8.json
 # BENCH_ARGS="--sync-pairs 3": also (s), the power-loss fsyncs' cost (runs of (b) with and without them, issue 36)
+# LAYERS=4 HIDDEN=4096 LAYER_IDS=0,1,2: the model's shape and the server's aux layers (each ceiling one command)
+E2E_SHAPE = $(if $(LAYERS),--layers $(LAYERS)) $(if $(HIDDEN),--hidden $(HIDDEN)) $(if $(LAYER_IDS),--layer-ids $(LAYER_IDS))
 bench-gpu-e2e:  ## on a GPU host: serve + extract of an 8B-shaped model against its own forward (SOAK=1: back-to-back runs; FP8=1: bf16 vs FP8)
 ifneq ($(SOAK),)
-	PYTHONPATH=extractor:bench $(or $(GPU_PYTHON),python3) bench/bench_gpu_soak.py --out bench/results-gpu-soak.json $(BENCH_ARGS)
+	PYTHONPATH=extractor:bench $(or $(GPU_PYTHON),python3) bench/bench_gpu_soak.py --out bench/results-gpu-soak.json $(E2E_SHAPE) $(BENCH_ARGS)
 else ifneq ($(FP8),)
-	PYTHONPATH=extractor:bench $(or $(GPU_PYTHON),python3) bench/bench_gpu_fp8.py --out bench/results-gpu-fp8.json $(BENCH_ARGS)
+	PYTHONPATH=extractor:bench $(or $(GPU_PYTHON),python3) bench/bench_gpu_fp8.py --out bench/results-gpu-fp8.json $(E2E_SHAPE) $(BENCH_ARGS)
 else
-	PYTHONPATH=extractor $(or $(GPU_PYTHON),python3) bench/bench_gpu_e2e.py --out bench/results-gpu-e2e.json $(BENCH_ARGS)
+	PYTHONPATH=extractor $(or $(GPU_PYTHON),python3) bench/bench_gpu_e2e.py --out bench/results-gpu-e2e.json $(E2E_SHAPE) $(BENCH_ARGS)
 endif
 
 # N servers, one per GPU (--gpus, default all), one extractor process per shard, merge + verify, bf16 and FP8 (issue 21)

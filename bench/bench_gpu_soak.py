@@ -50,6 +50,8 @@ def start_server(model_dir: Path, dump_dir: Path, args: argparse.Namespace, budg
         sys.executable, "-c", wrapper, "serve", "--model", str(model_dir), "--dump-dir", str(dump_dir), "--port", str(port),
         "--device", args.device, "--max-batch-tokens", str(budget), "--chunked-prefill-size", str(args.chunked_prefill_size),
     ]  # fmt: skip
+    if args.layer_ids:
+        command += ["--layer-ids", args.layer_ids]
     with open(log_path, "wb") as server_log:
         server = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT)
     return server, f"http://127.0.0.1:{port}"

@@ -118,3 +118,12 @@ def test_make_logs_without_an_inventory_shows_make_extracts_server_log(tmp_path:
     assert "server line 76" in done.stdout and "server line 80" in done.stdout, done.stdout
     assert "server line 75" not in done.stdout and "No entries" not in done.stdout, done.stdout
     assert "last log lines of hsextract-server" not in done.stdout, done.stdout
+
+
+def test_bench_gpu_e2e_takes_the_models_shape_and_aux_layers_in_each_mode() -> None:
+    for mode in ([], ["SOAK=1"], ["FP8=1"]):
+        (line,) = (line for line in _make_dry_run("bench-gpu-e2e", *mode, "LAYERS=4", "HIDDEN=2048", "LAYER_IDS=0,1,2")
+                   .splitlines() if "bench/bench_gpu_" in line)  # fmt: skip
+        assert line.split()[-6:] == ["--layers", "4", "--hidden", "2048", "--layer-ids", "0,1,2"], (mode, line)
+    (plain,) = (line for line in _make_dry_run("bench-gpu-e2e").splitlines() if "bench/bench_gpu_e2e.py" in line)
+    assert "--layers" not in plain and "--layer-ids" not in plain  # the script's own defaults
