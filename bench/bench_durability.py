@@ -37,7 +37,7 @@ from typing import Any
 import bench_gpu_e2e as e2e
 import transformers
 
-from hsextract.api import ExtractConfig, Extraction, ExtractMetrics, ServeConfig, syncs_off
+from hsextract.api import ExtractConfig, Extraction, ExtractMetrics, syncs_off
 from hsextract.dev.sample_data import make_sample_data
 from hsextract.dev.tiny_model import make_tiny_model
 
@@ -48,7 +48,6 @@ VOCAB = 1024
 #: (--max-batch-tokens 1): how requests arrive over HTTP decides how a batching server groups them, and the
 #: forward's cost would then differ between the two runs by more than the syncs do (pairs 0.73-1.44 at 32).
 SHAPES = {"short_rows": (8, 64, 600, 160, 8), "wide_rows": (8, 256, 48, 1024, 8)}
-SERVE_CHUNKED_PREFILL_SIZE: int = ServeConfig.model_fields["chunked_prefill_size"].default  # serve's own default
 
 
 def _extract(url: str, data: Path, output: Path, concurrency: int, rows: int) -> tuple[float, dict[str, float]]:
@@ -71,8 +70,7 @@ def bench_shape(work: Path, name: str, repeats: int) -> dict[str, Any]:
     data = make_sample_data(work / "data.jsonl", rows, VOCAB, max_len=max_len)
     dump_dir = Path(tempfile.mkdtemp(prefix="hsx-bench-sync-dumps-", dir="/dev/shm"))
     log_path = work / "server.log"
-    serve = argparse.Namespace(device="cpu", max_batch_tokens=1, chunked_prefill_size=SERVE_CHUNKED_PREFILL_SIZE)
-    server, url = e2e.start_server(model, dump_dir, serve, log_path)
+    server, url = e2e.start_server(model, dump_dir, e2e.serve_args("cpu", max_batch_tokens=1), log_path)
     seconds: dict[str, list[float]] = {"synced": [], "unsynced": []}
     sync_shares: list[float] = []  # of the synced runs: the row path's fsync seconds over all its stages' seconds
     written = 0

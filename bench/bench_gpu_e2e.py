@@ -422,14 +422,23 @@ def start_server(
         args.device,
         "--max-batch-tokens",
         str(args.max_batch_tokens),
-        "--chunked-prefill-size",
-        str(args.chunked_prefill_size),
     ]
-    if getattr(args, "layer_ids", None):  # a model too shallow for the default three (--layers 4)
+    if args.chunked_prefill_size is not None:
+        command += ["--chunked-prefill-size", str(args.chunked_prefill_size)]
+    if args.layer_ids:  # a model too shallow for the default three (--layers 4)
         command += ["--layer-ids", args.layer_ids]
     with open(log_path, "wb") as server_log:
         server = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT)
     return server, f"http://127.0.0.1:{port}"
+
+
+def serve_args(
+    device: str, max_batch_tokens: int, chunked_prefill_size: int | None = None, layer_ids: str = ""
+) -> argparse.Namespace:
+    """What :func:`start_server` reads, for a benchmark whose own flags are not :func:`add_workload_args`'
+    (None / empty: serve's own default)."""
+    return argparse.Namespace(device=device, max_batch_tokens=max_batch_tokens,
+                              chunked_prefill_size=chunked_prefill_size, layer_ids=layer_ids)  # fmt: skip
 
 
 def stop_server(server: subprocess.Popen[bytes]) -> None:

@@ -405,7 +405,8 @@ def main() -> int:
         save()
         log_path = work / "server.log"
         if args.phases in ("clean", "server"):
-            server, url = e2e.start_server(model_dir, Path("/dev/shm") / f"hsx-bench-spot-{name}", _serve_args(args), log_path)
+            serve = e2e.serve_args(args.device, args.max_batch_tokens, args.chunked_prefill_size)
+            server, url = e2e.start_server(model_dir, Path("/dev/shm") / f"hsx-bench-spot-{name}", serve, log_path)
             try:
                 results["server_ready_s"] = e2e.wait_healthy(url, server, log_path)
                 clean_runs(url, default_plan(work / "data.jsonl", args), work, args, clock, results, save)
@@ -431,12 +432,6 @@ def unused_key(models: dict[str, Any], key: str) -> str:
     taken = next(f"{key}-{n}" for n in range(2, 1000) if f"{key}-{n}" not in models)
     log.warning("%s is already in --out: this run is recorded as %s", key, taken)
     return taken
-
-
-def _serve_args(args: argparse.Namespace) -> argparse.Namespace:
-    """What ``bench_gpu_e2e.start_server`` reads."""
-    return argparse.Namespace(device=args.device, max_batch_tokens=args.max_batch_tokens,
-                              chunked_prefill_size=args.chunked_prefill_size)  # fmt: skip
 
 
 if __name__ == "__main__":
