@@ -20,9 +20,12 @@ first checked row. Recorded: per run the status, rate and ``spot_checks``
 (per tensor: the worst error of a matching dump, the smallest distance to an alternative); per model the
 false alarms, the faults caught, and the default's cost (``default_vs_off_rate_ratio``: median rate with
 the default check over the median with it off; ``default_vs_off_pair_ratios``: the same per interleaved
-pair; target >= 0.98) and, unmoved by the machine's drift, ``default_server_check_share_median``: the
-seconds the embedded server's scheduler spent launching the checks' forwards (its ``spot_check`` stage,
-during which it launched nothing else) over the run's seconds (target <= 0.02).
+pair; target >= 0.98) and, unmoved by the machine's drift, ``default_server_check_device_share_median``:
+the device's seconds on the checks' forwards (the embedded server's ``spot_check_forward`` stage, from CUDA
+events) over the run's seconds (target <= 0.02). Beside it, per run, every server stage's seconds and count,
+the scheduler's host time launching the checks (``server_check_host_share``: on a saturated GPU mostly a wait
+for room in the device's launch queue, as for every batched forward) and the device's busy share (forwards and
+checks over the run's seconds), which a check that left the device idle would lower.
 
 ``--append`` adds a model's figures to an existing result file (one model per device call), replacing
 that model's; ``--phases server`` leaves the faults out; ``--phases faults`` runs only the faults and then
@@ -134,12 +137,11 @@ def extract(url: str, data: Path, output: Path, args: argparse.Namespace, **sett
         {"server": url, "dataset": data, "output": output, "concurrency": args.concurrency, "log_interval_s": 30.0,
          "health_timeout_s": 120, **settings}
     )  # fmt: skip
-    check_seconds_before = server_check_seconds(url)
+    stages_before = server_stages(url)
     started = time.perf_counter()
     summary = Extraction(config, metrics=ExtractMetrics()).run()
     seconds = time.perf_counter() - started
-    check_seconds_after = server_check_seconds(url)
-    held = None if check_seconds_before is None or check_seconds_after is None else check_seconds_after - check_seconds_before
+    stages = stage_deltas(stages_before, server_stages(url))
     recorded = json.loads((output / "data_config.json").read_text())
     errors_path = output / "errors.jsonl"
     errors = [json.loads(line) for line in errors_path.read_text().splitlines()] if errors_path.exists() else []
@@ -154,24 +156,48 @@ def extract(url: str, data: Path, output: Path, args: argparse.Namespace, **sett
         "samples_per_s": summary.total_samples / seconds,
         "tokens_per_s": summary.total_tokens / seconds,
         "spot_checks": recorded.get("spot_checks"),
-        # the embedded server's scheduler launched nothing else while it launched the checks' forwards
-        "server_check_seconds": held,
-        "server_check_share": None if held is None else held / seconds,
+        # the embedded server's stages during the run: {stage: {"seconds": sum, "count": n}}
+        "server_stages": stages,
+        # the device's time on the checks' forwards over the run's: what the checks took from the rows
+        "server_check_device_share": share(stages, "spot_check_forward", seconds),
+        # the scheduler's host time launching the checks (on a busy GPU mostly a wait for room in the launch queue)
+        "server_check_host_share": share(stages, "spot_check", seconds),
+        # the device's time on any forward over the run's: a check that left the device idle would lower it
+        "server_device_busy_share": share(stages, "forward", seconds, also="spot_check_forward"),
         "mismatch_messages": [e["message"] for e in errors if e.get("reason") == "spot_check_mismatch"][:3],
     }
 
 
-def server_check_seconds(url: str) -> float | None:
-    """The embedded server's ``hsextract_server_stage_seconds_sum{stage="spot_check"}``; None where it has none."""
+def server_stages(url: str) -> dict[str, dict[str, float]] | None:
+    """The embedded server's ``hsextract_server_stage_seconds`` sums and counts per stage; None where it has none."""
     try:
         text = httpx.get(url + "/metrics", timeout=30).text
     except httpx.HTTPError:
         return None
+    stages: dict[str, dict[str, float]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == "hsextract_server_stage_seconds_sum" and sample.labels.get("stage") == "spot_check":
-                return float(sample.value)
-    return None
+            field = {"hsextract_server_stage_seconds_sum": "seconds", "hsextract_server_stage_seconds_count": "count"}
+            if sample.name in field:
+                stages.setdefault(sample.labels["stage"], {})[field[sample.name]] = float(sample.value)
+    return stages or None
+
+
+def stage_deltas(before: dict[str, dict[str, float]] | None,
+                 after: dict[str, dict[str, float]] | None) -> dict[str, dict[str, float]] | None:  # fmt: skip
+    if before is None or after is None:
+        return None
+    return {
+        stage: {field: value - before.get(stage, {}).get(field, 0.0) for field, value in fields.items()}
+        for stage, fields in after.items()
+    }
+
+
+def share(stages: dict[str, dict[str, float]] | None, stage: str, seconds: float, also: str = "") -> float | None:
+    """Seconds of ``stage`` (plus ``also``'s) over ``seconds``; None where the server has no such stage."""
+    if stages is None or stage not in stages:
+        return None
+    return (stages[stage]["seconds"] + stages.get(also, {}).get("seconds", 0.0)) / seconds
 
 
 class Clock:
@@ -293,7 +319,12 @@ def headline(results: dict[str, Any]) -> dict[str, Any]:
                     into[field] = record[field] if into[field] is None else better(into[field], record[field])
                     if field == "smallest_separation" and into[field] == record[field]:
                         into["nearest"] = record["nearest_alternative"]
-    shares = [r["server_check_share"] for r in runs if r["name"] == "default_bf16" and r.get("server_check_share") is not None]
+    def of(name: str, field: str) -> list[float]:
+        return [r[field] for r in runs if r["name"] == name and r.get(field) is not None]
+
+    shares = of("default_bf16", "server_check_device_share")
+    host_shares = of("default_bf16", "server_check_host_share")
+    busy = {name: of(name, "server_device_busy_share") for name in ("off", "default_bf16")}
     faults = results.get("faults", [])
     return {
         "clean_runs": len(clean),
@@ -304,10 +335,13 @@ def headline(results: dict[str, Any]) -> dict[str, Any]:
         "default_vs_off_pair_ratios": pairs,
         "default_vs_off_pair_ratio_median": statistics.median(pairs) if pairs else None,
         "default_cost_target_met": None if ratio is None else ratio >= TARGET_COST_RATIO,
-        # the same cost without the machine's drift: the scheduler's time on the checks over the run's
-        "default_server_check_shares": shares,
-        "default_server_check_share_median": statistics.median(shares) if shares else None,
+        # the same cost without the machine's drift: the device's time on the checks' forwards over the run's
+        "default_server_check_device_shares": shares,
+        "default_server_check_device_share_median": statistics.median(shares) if shares else None,
         "default_check_share_target_met": statistics.median(shares) <= 1 - TARGET_COST_RATIO if shares else None,
+        # the scheduler's host time launching them: not a cost while the device stays as busy with the check as without
+        "default_server_check_host_share_median": statistics.median(host_shares) if host_shares else None,
+        "device_busy_share_median": {name: statistics.median(v) if v else None for name, v in busy.items()},
         "faults_caught": f"{sum(f['caught_on_first_checked_row'] for f in faults)}/{len(faults)}",
         "per_tensor": tensors,
     }

@@ -10,7 +10,10 @@ Stages (``hsextract_server_stage_seconds{stage=...}``, a histogram per stage):
 * ``wait_copy``: how long the dump assembler waited for a copy to land
 * ``dump_write``: one dump written (a writer thread; several run at once)
 * ``spot_check``: host time the scheduler thread spent launching one spot check's unbatched forward (no other
-  forward is launched meanwhile: what a check costs the run; embedded engine)
+  forward is launched meanwhile). On a busy GPU this includes waiting for room in the device's queue of
+  launched kernels, as ``launch`` does, while the device runs the forwards before it: it is not idle time
+* ``spot_check_forward``: GPU time of one spot check's forward, from CUDA events (host time on the CPU):
+  what a check takes from the rows' forwards on a saturated device (embedded engine)
 
 Sums of a stage can exceed the wall time where its work runs in parallel (``dump_write``).
 The embedded server serves these on ``GET /metrics``; the SGLang hook keeps only the totals
@@ -23,7 +26,7 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-STAGES = ("queue", "launch", "forward", "d2h", "wait_copy", "dump_write", "spot_check")
+STAGES = ("queue", "launch", "forward", "d2h", "wait_copy", "dump_write", "spot_check", "spot_check_forward")
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 

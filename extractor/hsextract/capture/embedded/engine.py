@@ -53,6 +53,7 @@ from hsextract.contract.layers import capture_indices, resolve_aux_layer_ids
 from hsextract.contract.model_config import check_model_dir
 from hsextract.contract.model_fingerprint import model_fingerprint
 from hsextract.contract.server_info import ServerInfo
+from hsextract.contract.spot_check import SpotCheckAnswer
 from hsextract.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -401,11 +402,20 @@ class Engine:
 
     def _forward_alone(self, requests: list[EngineRequest]) -> None:
         self._prenorm = None  # set again during this forward by _grab_prenorm (the scheduler thread's, never the decoder's)
-        began = time.perf_counter()
+        began, started = self._mark()
         cache = {self._cache_kwarg: throwaway_cache(self.config)}
         answer = answer_alone(self.base, requests[0], self.device, self.capture, cache, lambda: self._prenorm)
-        self.clock.observe("spot_check", time.perf_counter() - began)  # the scheduler launched nothing else meanwhile
-        self._spot_answers.resolve(requests[0].future, answer)  # the scheduler goes on: no wait for the states
+        launched = time.perf_counter() - began
+        self.clock.observe("spot_check", launched)  # the scheduler launched nothing else meanwhile
+        ended = self._mark()[1]
+
+        def answered() -> SpotCheckAnswer:
+            result = answer()  # on a GPU: waits for the states' copy, recorded after ``ended``
+            device_s = launched if started is None else float(started.elapsed_time(ended)) / 1e3
+            self.clock.observe("spot_check_forward", device_s)  # what the check took from the rows' forwards
+            return result
+
+        self._spot_answers.resolve(requests[0].future, answered)  # the scheduler goes on: no wait for the states
 
     def _gather(
         self, rows: Callable[[torch.Tensor], torch.Tensor], states: Sequence[torch.Tensor], prenorm: Any, with_prenorm: bool
