@@ -11,9 +11,10 @@ Stages (``hsextract_server_stage_seconds{stage=...}``, a histogram per stage):
 * ``dump_write``: one dump written (a writer thread; several run at once)
 * ``spot_check``: host time the scheduler thread spent launching one spot check's unbatched forward (no other
   forward is launched meanwhile). On a busy GPU this includes waiting for room in the device's queue of
-  launched kernels, as ``launch`` does, while the device runs the forwards before it: it is not idle time
-* ``spot_check_forward``: GPU time of one spot check's forward, from CUDA events (host time on the CPU):
-  what a check takes from the rows' forwards on a saturated device (embedded engine)
+  launched kernels, as ``launch`` does, while the device runs the forwards queued before it
+* ``spot_check_forward``: one spot check's span on the device, from CUDA events on the check's own stream (host
+  time on the CPU). A batch-1 forward's kernels arrive at the pace of its Python launch, so the span is about
+  the launch's time; the rows' forwards run beside it on their stream (embedded engine)
 
 Sums of a stage can exceed the wall time where its work runs in parallel (``dump_write``).
 The embedded server serves these on ``GET /metrics``; the SGLang hook keeps only the totals

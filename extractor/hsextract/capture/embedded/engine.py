@@ -20,6 +20,7 @@ requests: each kind's rows are gathered apart and travel in the same batch to th
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import queue
@@ -105,6 +106,9 @@ class Engine:
         self.dtype = self.model.dtype
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
+        # Spot checks run on a stream of their own: a batch-1 forward is launch-bound (eager Python), and on the
+        # forwards' stream the device would run nothing else while its kernels trickle in.
+        self._check_stream = torch.cuda.Stream(self.device) if self.cuda else None  # type: ignore[no-untyped-call]
         self.aux_layer_ids = resolve_aux_layer_ids(config.layer_ids, self.num_layers)
         self.capture = capture_indices(self.aux_layer_ids)
         self.chunk_size = config.chunked_prefill_size if config.chunked_prefill_size > 0 else None
@@ -254,11 +258,8 @@ class Engine:
         self._waiting = move_spot_checks(self._waiting, self._alone)
 
     def _step(self) -> None:
-        # Spot checks first, each alone; then alternate: a long prompt's next chunk, then a batch of
-        # short prompts, so neither starves.
-        while self._alone:
-            self._wait_for_room()
-            self._run_guarded([self._alone.popleft()], self._forward_alone)
+        # Alternate: a long prompt's next chunk, then a batch of short prompts, so neither starves; then the
+        # spot checks, each alone on its own stream, launched while the forwards just queued keep the device busy.
         if self._chunking:
             self._wait_for_room()
             request = self._chunking.popleft()
@@ -268,6 +269,8 @@ class Engine:
         batch = self._take_batch()
         if batch:
             self._run_guarded(batch, self._forward_batch)
+        while self._alone:
+            self._run_guarded([self._alone.popleft()], self._forward_alone)
 
     def _wait_for_room(self) -> None:
         """Keep at most FORWARDS_IN_FLIGHT forwards queued: wait for the oldest one's own end."""
@@ -402,17 +405,18 @@ class Engine:
 
     def _forward_alone(self, requests: list[EngineRequest]) -> None:
         self._prenorm = None  # set again during this forward by _grab_prenorm (the scheduler thread's, never the decoder's)
-        began, started = self._mark()
-        cache = {self._cache_kwarg: throwaway_cache(self.config)}
-        answer = answer_alone(self.base, requests[0], self.device, self.capture, cache, lambda: self._prenorm)
-        launched = time.perf_counter() - began
-        self.clock.observe("spot_check", launched)  # the scheduler launched nothing else meanwhile
-        ended = self._mark()[1]
+        with torch.cuda.stream(self._check_stream) if self.cuda else contextlib.nullcontext():
+            began, started = self._mark()  # events on the check's stream: its span, beside the forwards'
+            cache = {self._cache_kwarg: throwaway_cache(self.config)}
+            answer = answer_alone(self.base, requests[0], self.device, self.capture, cache, lambda: self._prenorm)
+            launched = time.perf_counter() - began
+            self.clock.observe("spot_check", launched)  # the scheduler launched nothing else meanwhile
+            ended = self._mark()[1]
 
         def answered() -> SpotCheckAnswer:
             result = answer()  # on a GPU: waits for the states' copy, recorded after ``ended``
             device_s = launched if started is None else float(started.elapsed_time(ended)) / 1e3
-            self.clock.observe("spot_check_forward", device_s)  # what the check took from the rows' forwards
+            self.clock.observe("spot_check_forward", device_s)
             return result
 
         self._spot_answers.resolve(requests[0].future, answered)  # the scheduler goes on: no wait for the states
