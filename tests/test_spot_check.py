@@ -142,8 +142,8 @@ def test_the_extractor_asks_for_the_binary_answer(model_dir, serve, tmp_path: Pa
 
 
 def test_the_server_counts_the_time_its_checks_take(model_dir, serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """Two figures per check: the scheduler's host time launching it, and the device's time running it, which is
-    what a check takes from the rows' forwards on a busy GPU (the host time then mostly waits for launch room)."""
+    """Two figures per check: the scheduler's host time launching it (on a busy GPU mostly a wait for room in the
+    launch queue) and its forward's span on the device (on a stream of its own there; host time on the CPU)."""
     server = serve(model_dir("llama", "bfloat16"))
     data = write_dataset(tmp_path / "data.jsonl")
     summary = run_extraction(server.url, data, tmp_path / "out", ExtractMetrics(), spot_check_every=2)
