@@ -31,8 +31,10 @@ extractor's ``hsextract_stage_seconds``; synchronizing CUDA calls on the engine'
 counted with ``torch.cuda.set_sync_debug_mode``. Reference checks on the GPU: (1) the first rows of (c)'s
 output against a batch-1 plain forward of the same rows on the same bf16 model (own layer index vs
 the neighbouring ones); (2) a float32 Llama-shaped small model through the embedded engine on CUDA,
-batched with padding, against batch-1 float32 forwards at 1e-4. --cpu-smoke runs the whole script
-at toy sizes on the CPU (its numbers mean nothing).
+batched with padding, against batch-1 float32 forwards at 1e-4. With ``--py-spy BINARY`` (a static
+binary can be carried to the GPU host), (b) and (c) also profile the server and the extractor
+(``bench/py_spy.py``): each phase's ``py_spy`` gives the share of samples per thread and per function.
+--cpu-smoke runs the whole script at toy sizes on the CPU (its numbers mean nothing).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from typing import Any
 import httpx
 import torch
 import transformers
+from py_spy import Profiler, find_py_spy
 
 from hsextract.api import Engine, ExtractConfig, Extraction, ExtractMetrics, ServeConfig, open_format, syncs_off
 from hsextract.contract.files.dumps import read_dump
@@ -342,7 +345,10 @@ def server_stages(before: dict[str, float], after: dict[str, float]) -> dict[str
     }
 
 
-def extract(url: str, data: Path, output: Path, args: argparse.Namespace, expected_tokens: int) -> dict[str, Any]:
+def extract(
+    url: str, data: Path, output: Path, args: argparse.Namespace, expected_tokens: int, phase: str = ""
+) -> dict[str, Any]:
+    """One ``Extraction.run()`` against ``url``; with ``--py-spy``, ``phase`` names its profiles."""
     metrics = ExtractMetrics()
     config = ExtractConfig.model_validate(
         {
@@ -356,7 +362,7 @@ def extract(url: str, data: Path, output: Path, args: argparse.Namespace, expect
     )
     before = scrape(url)
     util: list[float] = []
-    with SAMPLER.sampling(util):
+    with SAMPLER.sampling(util), PROFILER.profiling(phase if phase in args.profile_phases.split(",") else "") as profile:
         started = time.perf_counter()
         summary = Extraction(config, metrics=metrics).run()
         seconds = time.perf_counter() - started
@@ -379,6 +385,7 @@ def extract(url: str, data: Path, output: Path, args: argparse.Namespace, expect
         "extractor_stage_seconds_sum": metrics.stage_totals(),
         "extractor_concurrency": args.concurrency,
         "server": server_stages(before, after),
+        **({"py_spy": profile} if profile else {}),
     }
 
 
@@ -677,6 +684,11 @@ def parse_args() -> argparse.Namespace:
     add("--skip", default="", help="comma-separated phases to skip: a,b,c,d,ref")
     add("--sync-pairs", type=int, default=0, help="(s): pairs of (b) with and without the power-loss fsyncs "
         "(hsextract.api.syncs_off), interleaved; the rate ratio's target >= 0.97 (default: 0, not run)")  # fmt: skip
+    add("--py-spy", default="", help="a py-spy binary: profile the server and the extractor during (b) and (c), "
+        "summarised in each phase's py_spy, raw samples beside --out")
+    add("--profile-phases", default="b,c", help="the phases --py-spy profiles (default: %(default)s)")
+    add("--profile-delay-s", type=float, default=3.0, help="seconds into a phase before its profile starts")
+    add("--profile-seconds", type=float, default=15.0, help="longest profile of one phase")
     add("--cpu-smoke", action="store_true", help="toy sizes on the CPU: checks the script end to end, measures nothing")
     args = parser.parse_args()
     if args.cpu_smoke:
@@ -687,10 +699,11 @@ def parse_args() -> argparse.Namespace:
 
 
 SAMPLER: GpuSampler
+PROFILER: Profiler
 
 
 def main() -> int:
-    global SAMPLER
+    global SAMPLER, PROFILER
     setup_logging("httpx", "httpcore", "transformers", "hsextract.extract.planning.dataset")
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     args = parse_args()
@@ -700,6 +713,8 @@ def main() -> int:
     device = torch.device(args.device)
     args.disk_dir.mkdir(parents=True, exist_ok=True)
     SAMPLER = GpuSampler()
+    py_spy = find_py_spy(args.py_spy) if args.py_spy else None
+    PROFILER = Profiler(py_spy, args.out.with_suffix(""), args.profile_delay_s, args.profile_seconds)
     results = Results(args.out)
     disk = Path(tempfile.mkdtemp(prefix="hsx-e2e-", dir=args.disk_dir))
     tmpfs = Path(tempfile.mkdtemp(prefix="hsx-e2e-", dir=args.tmpfs_dir))
@@ -729,6 +744,7 @@ def main() -> int:
         log.info("dataset: %d rows, %d tokens after truncation to %d", args.rows, tokens, args.max_seq_len)
         server_log = disk / "server.log"
         server, url = start_server(tmpfs / "model", tmpfs / "dumps", args, server_log)
+        PROFILER.pids = {"server": server.pid, "extractor": os.getpid()}
         if "ref" not in skip:
             results.update(reference_fp32=reference_fp32(tmpfs, args))
             log.info("fp32 reference: %s", results.data["reference_fp32"])
@@ -743,7 +759,7 @@ def main() -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         if "b" not in skip:
-            phases["b_e2e_disk"] = extract(url, data, disk / "out", args, tokens)
+            phases["b_e2e_disk"] = extract(url, data, disk / "out", args, tokens, phase="b")
             log.info("(b) e2e disk: %.0f tokens/s", phases["b_e2e_disk"]["tokens_per_s"])
             results.update(phases=phases)
             sizes = [json.loads(line)["bytes"] for line in (disk / "out" / "samples.jsonl").read_text().splitlines()]
@@ -755,7 +771,7 @@ def main() -> int:
             log.info("(s) synced vs unsynced: %.3f", phases["s_sync_cost"]["synced_vs_unsynced_rate_ratio"])
             results.update(phases=phases)
         if "c" not in skip:
-            phases["c_e2e_tmpfs"] = extract(url, data, tmpfs / "out", args, tokens)
+            phases["c_e2e_tmpfs"] = extract(url, data, tmpfs / "out", args, tokens, phase="c")
             log.info("(c) e2e tmpfs: %.0f tokens/s", phases["c_e2e_tmpfs"]["tokens_per_s"])
             results.update(phases=phases)
             if "ref" not in skip:

@@ -20,7 +20,6 @@ requests: each kind's rows are gathered apart and travel in the same batch to th
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 import queue
@@ -54,7 +53,6 @@ from hsextract.contract.layers import capture_indices, resolve_aux_layer_ids
 from hsextract.contract.model_config import check_model_dir
 from hsextract.contract.model_fingerprint import model_fingerprint
 from hsextract.contract.server_info import ServerInfo
-from hsextract.contract.spot_check import SpotCheckAnswer
 from hsextract.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -106,8 +104,7 @@ class Engine:
         self.dtype = self.model.dtype
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
-        # Spot checks run on a stream of their own: a batch-1 forward is launch-bound (eager Python), and on the
-        # forwards' stream the device would run nothing else while its kernels trickle in.
+        # spot checks' own stream (unbatched.answer_alone says why)
         self._check_stream = torch.cuda.Stream(self.device) if self.cuda else None  # type: ignore[no-untyped-call]
         self.aux_layer_ids = resolve_aux_layer_ids(config.layer_ids, self.num_layers)
         self.capture = capture_indices(self.aux_layer_ids)
@@ -405,21 +402,11 @@ class Engine:
 
     def _forward_alone(self, requests: list[EngineRequest]) -> None:
         self._prenorm = None  # set again during this forward by _grab_prenorm (the scheduler thread's, never the decoder's)
-        with torch.cuda.stream(self._check_stream) if self.cuda else contextlib.nullcontext():
-            began, started = self._mark()  # events on the check's stream: its span, beside the forwards'
-            cache = {self._cache_kwarg: throwaway_cache(self.config)}
-            answer = answer_alone(self.base, requests[0], self.device, self.capture, cache, lambda: self._prenorm)
-            launched = time.perf_counter() - began
-            self.clock.observe("spot_check", launched)  # the scheduler launched nothing else meanwhile
-            ended = self._mark()[1]
-
-        def answered() -> SpotCheckAnswer:
-            result = answer()  # on a GPU: waits for the states' copy, recorded after ``ended``
-            device_s = launched if started is None else float(started.elapsed_time(ended)) / 1e3
-            self.clock.observe("spot_check_forward", device_s)
-            return result
-
-        self._spot_answers.resolve(requests[0].future, answered)  # the scheduler goes on: no wait for the states
+        cache = {self._cache_kwarg: throwaway_cache(self.config)}  # empty: its tensors come on the check's stream
+        answer = answer_alone(
+            self.base, requests[0], self.device, self.capture, cache, lambda: self._prenorm, self._check_stream, self.clock
+        )
+        self._spot_answers.resolve(requests[0].future, answer)  # the scheduler goes on: no wait for the states
 
     def _gather(
         self, rows: Callable[[torch.Tensor], torch.Tensor], states: Sequence[torch.Tensor], prenorm: Any, with_prenorm: bool

@@ -7,6 +7,8 @@ compared by the extractor with what the batched path dumped.
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -15,6 +17,7 @@ from typing import Any
 import torch
 
 from hsextract.capture.embedded.request import EngineRequest
+from hsextract.capture.stages import StageClock
 from hsextract.contract.spot_check import SpotCheckAnswer
 
 
@@ -49,36 +52,61 @@ def move_spot_checks(waiting: deque[EngineRequest], alone: deque[EngineRequest])
 
 @torch.inference_mode()
 def answer_alone(
-    base: Any, request: EngineRequest, device: torch.device, capture: list[int], cache: Any, prenorm: Callable[[], Any]
+    base: Any,
+    request: EngineRequest,
+    device: torch.device,
+    capture: list[int],
+    cache: Any,
+    prenorm: Callable[[], Any],
+    stream: torch.cuda.Stream | None,
+    clock: StageClock,
 ) -> Callable[[], SpotCheckAnswer]:
     """Launch one unbatched forward of the row; the returned call waits for its states and gives the answer.
     ``prenorm`` gives the input of the final norm in the forward just run (the engine's own hook keeps it).
 
-    On a GPU the states are copied to pinned host memory without waiting and the call waits on an event:
-    a blocking copy on the scheduler thread drained the device's queue of forwards for every check."""
-    ids = torch.tensor(request.input_ids, dtype=torch.int64).unsqueeze(0)
-    if device.type == "cuda":  # a copy from pageable memory waits for every forward queued before it (a stream sync)
-        ids = ids.pin_memory()
-    ids = ids.to(device, non_blocking=True)
-    states = base(input_ids=ids, output_hidden_states=True, **cache).hidden_states
-    before_norm = prenorm()
-    if before_norm is None:
-        raise RuntimeError("the pre-norm hook on the model's final norm did not run")
-    aux = torch.cat([states[c][0] for c in capture], dim=-1)  # the engine's dtype: half the copy and the answer of float32
-    final, before = states[-1][0], before_norm[0]
-    neighbours = torch.cat([states[capture[0] - 1][0], states[capture[0] + 1][0]], dim=-1)
-    found = (aux, final, before, neighbours)
-    if device.type != "cuda":
-        ready = SpotCheckAnswer(request.rid, *found)
-        return lambda: ready
-    host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in found]
-    for target, source in zip(host, found, strict=True):
-        target.copy_(source, non_blocking=True)
-    copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
-    copied.record()
+    On a GPU (``stream`` given) everything runs on that stream of the check's own: a batch-1 forward is bound
+    by its Python launch, and on the forwards' stream the device would run nothing else while its kernels
+    trickle in. The states are copied to pinned host memory without waiting, and the call waits on an
+    event. A blocking copy on the scheduler thread drained the device's queue of forwards for every check.
+    ``clock`` gets the launch's host time (``spot_check``) and the forward's span (``spot_check_forward``)."""
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        began = time.perf_counter()
+        started = _recorded(stream)
+        ids = torch.tensor(request.input_ids, dtype=torch.int64).unsqueeze(0)
+        if stream is not None:  # a copy from pageable memory waits for every forward queued before it
+            ids = ids.pin_memory()
+        ids = ids.to(device, non_blocking=True)
+        states = base(input_ids=ids, output_hidden_states=True, **cache).hidden_states
+        before_norm = prenorm()
+        if before_norm is None:
+            raise RuntimeError("the pre-norm hook on the model's final norm did not run")
+        aux = torch.cat([states[c][0] for c in capture], dim=-1)  # the engine's dtype: half the copy of float32
+        final, before = states[-1][0], before_norm[0]
+        neighbours = torch.cat([states[capture[0] - 1][0], states[capture[0] + 1][0]], dim=-1)
+        found = (aux, final, before, neighbours)
+        forwarded = _recorded(stream)
+        clock.observe("spot_check", time.perf_counter() - began)  # the scheduler launched nothing else meanwhile
+        if stream is None:
+            clock.observe("spot_check_forward", time.perf_counter() - began)
+            ready = SpotCheckAnswer(request.rid, *found)
+            return lambda: ready
+        host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in found]
+        for target, source in zip(host, found, strict=True):
+            target.copy_(source, non_blocking=True)
+        copied = _recorded(stream)
 
     def answer() -> SpotCheckAnswer:
         copied.synchronize()
+        clock.observe("spot_check_forward", float(started.elapsed_time(forwarded)) / 1e3)
         return SpotCheckAnswer(request.rid, *host)
 
     return answer
+
+
+def _recorded(stream: torch.cuda.Stream | None) -> Any:
+    """A timing event recorded on the current stream now (None on the CPU)."""
+    if stream is None:
+        return None
+    event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    event.record()
+    return event
