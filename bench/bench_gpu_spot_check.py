@@ -54,7 +54,6 @@ import bench_gpu_e2e as e2e
 import httpx
 import torch
 import transformers
-from prometheus_client.parser import text_string_to_metric_families
 
 from hsextract.api import ExtractConfig, Extraction, ExtractMetrics, HttpFront, ServeConfig
 from hsextract.contract import defaults
@@ -138,11 +137,11 @@ def extract(url: str, data: Path, output: Path, args: argparse.Namespace, **sett
         {"server": url, "dataset": data, "output": output, "concurrency": args.concurrency, "log_interval_s": 30.0,
          "health_timeout_s": 120, **settings}
     )  # fmt: skip
-    stages_before = server_stages(url)
+    before = scrape(url)
     started = time.perf_counter()
     summary = Extraction(config, metrics=ExtractMetrics()).run()
     seconds = time.perf_counter() - started
-    stages = stage_deltas(stages_before, server_stages(url))
+    stages = stage_deltas(before, scrape(url))
     recorded = json.loads((output / "data_config.json").read_text())
     errors_path = output / "errors.jsonl"
     errors = [json.loads(line) for line in errors_path.read_text().splitlines()] if errors_path.exists() else []
@@ -172,36 +171,30 @@ def extract(url: str, data: Path, output: Path, args: argparse.Namespace, **sett
     }
 
 
-def server_stages(url: str) -> dict[str, dict[str, float]] | None:
-    """The embedded server's ``hsextract_server_stage_seconds`` sums and counts per stage; None where it has none."""
+def scrape(url: str) -> dict[str, float] | None:
+    """``bench_gpu_e2e.scrape``; None where the server cannot be read."""
     try:
-        text = httpx.get(url + "/metrics", timeout=30).text
+        return e2e.scrape(url)
     except httpx.HTTPError:
         return None
-    stages: dict[str, dict[str, float]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            field = {"hsextract_server_stage_seconds_sum": "seconds", "hsextract_server_stage_seconds_count": "count"}
-            if sample.name in field:
-                stages.setdefault(sample.labels["stage"], {})[field[sample.name]] = float(sample.value)
-    return stages or None
 
 
-def stage_deltas(before: dict[str, dict[str, float]] | None,
-                 after: dict[str, dict[str, float]] | None) -> dict[str, dict[str, float]] | None:  # fmt: skip
+def stage_deltas(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, dict[str, float]] | None:
+    """The server's stages between two scrapes: {stage: {"seconds": sum, "count": n}}."""
     if before is None or after is None:
         return None
+    diff = e2e.server_stages(before, after)
     return {
-        stage: {field: value - before.get(stage, {}).get(field, 0.0) for field, value in fields.items()}
-        for stage, fields in after.items()
+        stage: {"seconds": seconds, "count": diff["stage_counts"].get(stage, 0.0)}
+        for stage, seconds in diff["stage_seconds_sum"].items()
     }
 
 
-def share(stages: dict[str, dict[str, float]] | None, stage: str, seconds: float, also: str = "") -> float | None:
-    """Seconds of ``stage`` (plus ``also``'s) over ``seconds``; None where the server has no such stage."""
+def share(stages: dict[str, dict[str, float]] | None, stage: str, over: float) -> float | None:
+    """Seconds of ``stage`` over ``over``; None where the server has no such stage."""
     if stages is None or stage not in stages:
         return None
-    return (stages[stage]["seconds"] + stages.get(also, {}).get("seconds", 0.0)) / seconds
+    return stages[stage]["seconds"] / over
 
 
 class Clock:
