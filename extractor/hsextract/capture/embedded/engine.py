@@ -42,7 +42,7 @@ from hsextract.capture.embedded.decode import DecodeScheduler
 from hsextract.capture.embedded.inbox import drain_inbox
 from hsextract.capture.embedded.kv_batch import throwaway_cache
 from hsextract.capture.embedded.request import EngineRequest
-from hsextract.capture.embedded.unbatched import SpotCheckAnswers, answer_alone, move_spot_checks
+from hsextract.capture.embedded.unbatched import SpotCheckAnswers, answer_alone, move_spot_checks, recorded_event
 from hsextract.capture.pinned import HostCopier
 from hsextract.capture.stages import StageClock
 from hsextract.contract.files.dump_dir import prepare_dump_root
@@ -448,10 +448,7 @@ class Engine:
 
     def _mark(self) -> tuple[float, Any]:
         """Host time now and, on a GPU, an event recorded on the current stream."""
-        if not self.cuda:
-            return time.perf_counter(), None
-        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        event.record()
+        event = recorded_event(self.cuda)
         return time.perf_counter(), event
 
     def _emit(self, rows: _Rows, answer: list[EngineRequest], began: float, started: Any) -> None:
@@ -460,8 +457,7 @@ class Engine:
         spans: list[tuple[str, Any, Any]] = []
         ended: Any = None
         if self.cuda:
-            ended = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            ended.record()
+            ended = recorded_event(True)
             spans.append(("forward", started, ended))
             self._in_flight.append(ended)
         else:

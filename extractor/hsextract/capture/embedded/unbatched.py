@@ -69,11 +69,12 @@ def answer_alone(
     trickle in. The states are copied to pinned host memory without waiting, and the call waits on an
     event. A blocking copy on the scheduler thread drained the device's queue of forwards for every check.
     ``clock`` gets the launch's host time (``spot_check``) and the forward's span (``spot_check_forward``)."""
-    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+    on_gpu = stream is not None
+    with torch.cuda.stream(stream) if on_gpu else contextlib.nullcontext():
         began = time.perf_counter()
-        started = _recorded(stream)
+        started = recorded_event(on_gpu)
         ids = torch.tensor(request.input_ids, dtype=torch.int64).unsqueeze(0)
-        if stream is not None:  # a copy from pageable memory waits for every forward queued before it
+        if on_gpu:  # a copy from pageable memory waits for every forward queued before it
             ids = ids.pin_memory()
         ids = ids.to(device, non_blocking=True)
         states = base(input_ids=ids, output_hidden_states=True, **cache).hidden_states
@@ -84,16 +85,16 @@ def answer_alone(
         final, before = states[-1][0], before_norm[0]
         neighbours = torch.cat([states[capture[0] - 1][0], states[capture[0] + 1][0]], dim=-1)
         found = (aux, final, before, neighbours)
-        forwarded = _recorded(stream)
+        forwarded = recorded_event(on_gpu)
         clock.observe("spot_check", time.perf_counter() - began)  # the scheduler launched nothing else meanwhile
-        if stream is None:
+        if not on_gpu:
             clock.observe("spot_check_forward", time.perf_counter() - began)
             ready = SpotCheckAnswer(request.rid, *found)
             return lambda: ready
         host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in found]
         for target, source in zip(host, found, strict=True):
             target.copy_(source, non_blocking=True)
-        copied = _recorded(stream)
+        copied = recorded_event(on_gpu)
 
     def answer() -> SpotCheckAnswer:
         copied.synchronize()
@@ -103,9 +104,9 @@ def answer_alone(
     return answer
 
 
-def _recorded(stream: torch.cuda.Stream | None) -> Any:
+def recorded_event(on_gpu: bool) -> Any:
     """A timing event recorded on the current stream now (None on the CPU)."""
-    if stream is None:
+    if not on_gpu:
         return None
     event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
     event.record()
