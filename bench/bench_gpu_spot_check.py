@@ -25,8 +25,8 @@ pair; target >= 0.98) and, unmoved by the machine's drift, from the embedded ser
 their own stream) over the run's seconds within 0.02, or else the rows' forwards neither idled
 (``rows_stream_busy_share_median``, with the check against without) nor slowed
 (``default_vs_off_forward_seconds_per_token``) by more than that. Per run: every server stage's seconds and
-count, and the scheduler's host time launching the checks (``server_check_host_share``: on a saturated GPU
-mostly a wait for room in the device's launch queue, as for every batched forward).
+count, and the check thread's host time launching the checks (``server_check_host_share``: on a saturated GPU
+partly a wait for room in the device's launch queue, as for every batched forward).
 
 ``--append`` adds a model's figures to an existing result file (one model per device call), replacing
 that model's; ``--phases server`` leaves the faults out; ``--phases faults`` runs only the faults and then
@@ -161,7 +161,7 @@ def extract(url: str, data: Path, output: Path, args: argparse.Namespace, **sett
         # the checks' spans on the device over the run's; since the checks run on a stream of their own they
         # overlap the rows' forwards, so this bounds their cost from above
         "server_check_span_share": share(stages, "spot_check_forward", seconds),
-        # the scheduler's host time launching the checks (on a busy GPU mostly a wait for room in the launch queue)
+        # the check thread's host time launching the checks (on a busy GPU partly a wait for room in the launch queue)
         "server_check_host_share": share(stages, "spot_check", seconds),
         # the rows' forwards: their stream's busy share (a check that left it idle lowers it) and their device time
         # per token (a check that slowed them raises it)
@@ -358,7 +358,7 @@ def headline(results: dict[str, Any]) -> dict[str, Any]:
         "rows_stream_busy_share_median": busy,
         "default_vs_off_forward_seconds_per_token": slowdown,
         "default_device_cost_target_met": device_cost_met(span, slowdown, idled),
-        # the scheduler's host time launching the checks: on a busy GPU a wait for room in the launch queue
+        # the check thread's host time launching the checks: on a busy GPU partly a wait for room in the launch queue
         "default_server_check_host_share_median": median_or_none(host_shares),
         "faults_caught": f"{sum(f['caught_on_first_checked_row'] for f in faults)}/{len(faults)}",
         "per_tensor": tensors,

@@ -42,7 +42,7 @@ from hsextract.capture.embedded.decode import DecodeScheduler
 from hsextract.capture.embedded.inbox import drain_inbox
 from hsextract.capture.embedded.kv_batch import throwaway_cache
 from hsextract.capture.embedded.request import EngineRequest
-from hsextract.capture.embedded.unbatched import SpotCheckAnswers, answer_alone, move_spot_checks, recorded_event
+from hsextract.capture.embedded.unbatched import CheckThread, answer_alone, move_spot_checks, recorded_event
 from hsextract.capture.pinned import HostCopier
 from hsextract.capture.stages import StageClock
 from hsextract.contract.files.dump_dir import prepare_dump_root
@@ -53,6 +53,7 @@ from hsextract.contract.layers import capture_indices, resolve_aux_layer_ids
 from hsextract.contract.model_config import check_model_dir
 from hsextract.contract.model_fingerprint import model_fingerprint
 from hsextract.contract.server_info import ServerInfo
+from hsextract.contract.spot_check import SpotCheckAnswer
 from hsextract.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -116,8 +117,9 @@ class Engine:
         self.clock = clock if clock is not None else StageClock()
         params = inspect.signature(self.base.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
-        # The last layer's output before the final norm: the input of the norm module.
-        self._prenorm: torch.Tensor | None = None
+        # The last layer's output before the final norm (the input of the norm module), per thread: the scheduler's
+        # forwards and the spot checks' run at the same time.
+        self._prenorms = threading.local()
         self.base.norm.register_forward_hook(self._grab_prenorm)
         self.sink: DumpSink | None = None
         if dump:
@@ -137,7 +139,7 @@ class Engine:
         self._waiting: deque[EngineRequest] = deque()
         self._chunking: deque[EngineRequest] = deque()
         self._alone: deque[EngineRequest] = deque()  # spot checks: one unbatched forward each
-        self._spot_answers = SpotCheckAnswers()
+        self._checks = CheckThread()
         self._in_flight: deque[Any] = deque()  # end events of forwards queued on the device
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="hsextract-scheduler", daemon=True)
@@ -155,7 +157,13 @@ class Engine:
     def _grab_prenorm(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
         decoder = getattr(self, "decoder", None)  # None while the engine is still being built
         if decoder is None or not decoder.on_own_thread():  # the decode thread's forwards are not extraction's
-            self._prenorm = args[0]
+            self._prenorms.state = args[0]
+
+    def _take_prenorm(self) -> torch.Tensor | None:
+        """The pre-norm state of the calling thread's last forward, once (None if its hook did not run)."""
+        prenorm: torch.Tensor | None = getattr(self._prenorms, "state", None)
+        self._prenorms.state = None
+        return prenorm
 
     def _dump_source(self) -> DumpSource:
         return DumpSource(
@@ -234,7 +242,7 @@ class Engine:
         self._stop.set()
         self._inbox.put(None)
         self._thread.join()
-        self._spot_answers.close()
+        self._checks.close()
         if self.sink is not None:
             self.sink.flush()
             self.sink.close()
@@ -255,8 +263,8 @@ class Engine:
         self._waiting = move_spot_checks(self._waiting, self._alone)
 
     def _step(self) -> None:
-        # Alternate: a long prompt's next chunk, then a batch of short prompts, so neither starves; then the
-        # spot checks, each alone on its own stream, launched while the forwards just queued keep the device busy.
+        # Alternate: a long prompt's next chunk, then a batch of short prompts, so neither starves; the spot
+        # checks go to their own thread, which launches each alone on its own stream beside the forwards.
         if self._chunking:
             self._wait_for_room()
             request = self._chunking.popleft()
@@ -267,7 +275,7 @@ class Engine:
         if batch:
             self._run_guarded(batch, self._forward_batch)
         while self._alone:
-            self._run_guarded([self._alone.popleft()], self._forward_alone)
+            self._checks.submit(self._alone.popleft(), self._forward_alone)
 
     def _wait_for_room(self) -> None:
         """Keep at most FORWARDS_IN_FLIGHT forwards queued: wait for the oldest one's own end."""
@@ -320,8 +328,7 @@ class Engine:
             **{self._cache_kwarg: throwaway_cache(self.config)},
         )
         self.clock.observe("launch", time.perf_counter() - began)
-        states, prenorm = out.hidden_states, self._prenorm
-        self._prenorm = None
+        states, prenorm = out.hidden_states, self._take_prenorm()
         plain = [i for i, r in enumerate(requests) if r.storage is None]
         fp8 = [i for i, r in enumerate(requests) if r.storage is not None]
         segments: list[Segment] = []
@@ -382,8 +389,7 @@ class Engine:
             use_cache=True,
             **{self._cache_kwarg: request.cache},
         )
-        states, prenorm = out.hidden_states, self._prenorm
-        self._prenorm = None
+        states, prenorm = out.hidden_states, self._take_prenorm()
         segment = Segment(request.rid, start, 0, n, request.final_prenorm, request.storage)
         fp8_rows = None
         if request.storage is None:
@@ -400,13 +406,13 @@ class Engine:
         plain_ids = ids if fp8_rows is None else ids.new_empty(0)
         self._emit(_Rows([segment], plain_ids, *gathered, fp8=fp8_rows), requests if last else [], began, started)
 
-    def _forward_alone(self, requests: list[EngineRequest]) -> None:
-        self._prenorm = None  # set again during this forward by _grab_prenorm (the scheduler thread's, never the decoder's)
+    def _forward_alone(self, request: EngineRequest) -> SpotCheckAnswer:
+        """A spot check's answer, on the check thread: the row alone in one forward (``unbatched.answer_alone``)."""
+        self._take_prenorm()  # set again during this forward by _grab_prenorm, on this thread
         cache = {self._cache_kwarg: throwaway_cache(self.config)}  # empty: its tensors come on the check's stream
-        answer = answer_alone(
-            self.base, requests[0], self.device, self.capture, cache, lambda: self._prenorm, self._check_stream, self.clock
+        return answer_alone(
+            self.base, request, self.device, self.capture, cache, self._take_prenorm, self._check_stream, self.clock
         )
-        self._spot_answers.resolve(requests[0].future, answer)  # the scheduler goes on: no wait for the states
 
     def _gather(
         self, rows: Callable[[torch.Tensor], torch.Tensor], states: Sequence[torch.Tensor], prenorm: Any, with_prenorm: bool

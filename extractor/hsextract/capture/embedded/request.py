@@ -15,7 +15,7 @@ class EngineRequest:
     final_prenorm: bool = False  # dump the pre-norm final state too (the request asked for it)
     storage: str | None = None  # "float8_e4m3fn": quantize on the device, dump the FP8 layout
     spot_check: bool = False  # answer the engine's own hidden states (an unbatched forward), dump nothing
-    future: Future[dict[str, Any]] = field(default_factory=Future)
+    future: Future[Any] = field(default_factory=Future)  # a dump's response dict, or a SpotCheckAnswer
     done_tokens: int = 0
     cache: Any = None
     arrived: float = field(default_factory=time.monotonic)

@@ -8,10 +8,11 @@ compared by the extractor with what the batched path dumped.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -20,26 +21,33 @@ from hsextract.capture.embedded.request import EngineRequest
 from hsextract.capture.stages import StageClock
 from hsextract.contract.spot_check import SpotCheckAnswer
 
+log = logging.getLogger(__name__)
 
-class SpotCheckAnswers:
-    """Resolves spot checks' futures on a thread of its own once their states are on the host: the
-    scheduler goes on launching forwards meanwhile."""
+
+class CheckThread:
+    """Runs the spot checks one at a time on a thread of its own, each to its answer.
+
+    The scheduler thread only hands a check over: launching a batch-1 forward is bound by its Python (0.24-0.29 s
+    of host time for a Kimi-shaped MoE on the H200), and on the scheduler that time went by with no batch
+    launched, so the device ran dry behind the check. Here the check's launches run while the scheduler waits
+    for room in the device's queue (PyTorch lets go of the GIL in each launch and each wait)."""
 
     def __init__(self) -> None:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hsextract-spot-check")
 
-    def resolve(self, future: Future[Any], answer: Callable[[], SpotCheckAnswer]) -> None:
-        self._thread.submit(_resolve, future, answer)
+    def submit(self, request: EngineRequest, answer: Callable[[EngineRequest], SpotCheckAnswer]) -> None:
+        self._thread.submit(_resolve, request, answer)
 
     def close(self) -> None:
         self._thread.shutdown(wait=True)
 
 
-def _resolve(future: Future[Any], answer: Callable[[], SpotCheckAnswer]) -> None:
+def _resolve(request: EngineRequest, answer: Callable[[EngineRequest], SpotCheckAnswer]) -> None:
     try:
-        future.set_result(answer())
-    except Exception as exc:
-        future.set_exception(exc)
+        request.future.set_result(answer(request))
+    except Exception as exc:  # a failed check fails its request, not the server
+        log.exception("spot check of %s failed", request.rid)
+        request.future.set_exception(exc)
 
 
 def move_spot_checks(waiting: deque[EngineRequest], alone: deque[EngineRequest]) -> deque[EngineRequest]:
@@ -60,14 +68,14 @@ def answer_alone(
     prenorm: Callable[[], Any],
     stream: torch.cuda.Stream | None,
     clock: StageClock,
-) -> Callable[[], SpotCheckAnswer]:
-    """Launch one unbatched forward of the row; the returned call waits for its states and gives the answer.
-    ``prenorm`` gives the input of the final norm in the forward just run (the engine's own hook keeps it).
+) -> SpotCheckAnswer:
+    """One unbatched forward of the row, on the check's thread (:class:`CheckThread`), and its states on the host.
+    ``prenorm`` gives the input of the final norm in this thread's last forward (the engine's own hook keeps it).
 
     On a GPU (``stream`` given) everything runs on that stream of the check's own: a batch-1 forward is bound
     by its Python launch, and on the forwards' stream the device would run nothing else while its kernels
-    trickle in. The states are copied to pinned host memory without waiting, and the call waits on an
-    event. A blocking copy on the scheduler thread drained the device's queue of forwards for every check.
+    trickle in. The states are copied to pinned host memory and the thread waits on that copy's event alone:
+    a blocking copy from the device would wait for every forward queued before it.
     ``clock`` gets the launch's host time (``spot_check``) and the forward's span (``spot_check_forward``)."""
     on_gpu = stream is not None
     with torch.cuda.stream(stream) if on_gpu else contextlib.nullcontext():
@@ -86,22 +94,17 @@ def answer_alone(
         neighbours = torch.cat([states[capture[0] - 1][0], states[capture[0] + 1][0]], dim=-1)
         found = (aux, final, before, neighbours)
         forwarded = recorded_event(on_gpu)
-        clock.observe("spot_check", time.perf_counter() - began)  # the scheduler launched nothing else meanwhile
+        clock.observe("spot_check", time.perf_counter() - began)
         if not on_gpu:
             clock.observe("spot_check_forward", time.perf_counter() - began)
-            ready = SpotCheckAnswer(request.rid, *found)
-            return lambda: ready
+            return SpotCheckAnswer(request.rid, *found)
         host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in found]
         for target, source in zip(host, found, strict=True):
             target.copy_(source, non_blocking=True)
         copied = recorded_event(on_gpu)
-
-    def answer() -> SpotCheckAnswer:
-        copied.synchronize()
-        clock.observe("spot_check_forward", float(started.elapsed_time(forwarded)) / 1e3)
-        return SpotCheckAnswer(request.rid, *host)
-
-    return answer
+    copied.synchronize()
+    clock.observe("spot_check_forward", float(started.elapsed_time(forwarded)) / 1e3)
+    return SpotCheckAnswer(request.rid, *host)
 
 
 def recorded_event(on_gpu: bool) -> Any:
