@@ -689,6 +689,7 @@ def parse_args() -> argparse.Namespace:
     add("--profile-phases", default="b,c", help="the phases --py-spy profiles (default: %(default)s)")
     add("--profile-delay-s", type=float, default=3.0, help="seconds into a phase before its profile starts")
     add("--profile-seconds", type=float, default=15.0, help="longest profile of one phase")
+    add("--profile-idle", action="store_true", help="sample waiting threads too (py-spy --idle): where rows wait")
     add("--cpu-smoke", action="store_true", help="toy sizes on the CPU: checks the script end to end, measures nothing")
     args = parser.parse_args()
     if args.cpu_smoke:
@@ -714,7 +715,7 @@ def main() -> int:
     args.disk_dir.mkdir(parents=True, exist_ok=True)
     SAMPLER = GpuSampler()
     py_spy = find_py_spy(args.py_spy) if args.py_spy else None
-    PROFILER = Profiler(py_spy, args.out.with_suffix(""), args.profile_delay_s, args.profile_seconds)
+    PROFILER = Profiler(py_spy, args.out.with_suffix(""), args.profile_delay_s, args.profile_seconds, idle=args.profile_idle)
     results = Results(args.out)
     disk = Path(tempfile.mkdtemp(prefix="hsx-e2e-", dir=args.disk_dir))
     tmpfs = Path(tempfile.mkdtemp(prefix="hsx-e2e-", dir=args.tmpfs_dir))

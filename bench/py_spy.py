@@ -3,7 +3,8 @@
 py-spy is one static binary: handed to a GPU host (nothing is installed there), it attaches to the running server
 and extractor by pid. Each profile is taken ``delay_s`` into a phase, for at most ``seconds`` (the phase's steady
 state, not its start), and summarised per thread and per function: the share of samples a function was running
-(``self``) or on the stack (``inclusive``). The raw samples stay beside the result (``-f raw``).
+(``self``) or on the stack (``inclusive``). The raw samples stay beside the result (``-f raw``). With ``idle`` the waiting threads
+are sampled too (py-spy's ``--idle``): where rows in flight wait, not only what the busy threads run.
 """
 
 from __future__ import annotations
@@ -35,8 +36,11 @@ def find_py_spy(given: str) -> Path:
 class Profiler:
     """Profiles the processes of one phase at a time; without a binary it profiles nothing."""
 
-    def __init__(self, binary: Path | None, raw_prefix: Path, delay_s: float, seconds: float, rate: int = 97) -> None:
+    def __init__(
+        self, binary: Path | None, raw_prefix: Path, delay_s: float, seconds: float, rate: int = 97, idle: bool = False
+    ) -> None:
         self.binary, self.raw_prefix, self.delay_s, self.seconds, self.rate = binary, raw_prefix, delay_s, seconds, rate
+        self.idle = idle
         self.pids: dict[str, int] = {}  # side name -> pid, set once the processes run
 
     @contextmanager
@@ -57,7 +61,7 @@ class Profiler:
                 raw = self.raw_prefix.with_name(f"{self.raw_prefix.name}-py-spy-{phase}-{side}.txt")
                 command = [str(self.binary), "record", "--pid", str(pid), "--duration", str(int(self.seconds)),
                            "--rate", str(self.rate), "--format", "raw", "--output", str(raw), "--threads",
-                           "--nonblocking"]  # fmt: skip
+                           "--nonblocking", *(["--idle"] if self.idle else [])]  # fmt: skip
                 running.append((side, raw, subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
 
         starter = threading.Thread(target=start, name=f"py-spy-{phase}", daemon=True)
@@ -74,7 +78,7 @@ class Profiler:
                     process.send_signal(signal.SIGINT)  # py-spy writes what it has on Ctrl-C
                 _, stderr = process.communicate(timeout=60)
                 if raw.exists():
-                    summaries[side] = summarize(raw)
+                    summaries[side] = summarize(raw) | {"idle_threads_sampled": self.idle}
                 else:
                     summaries[side] = {"error": stderr.decode(errors="replace").strip()[-500:]}
                     log.warning("py-spy on %s (%s) wrote nothing: %s", side, phase, summaries[side]["error"])

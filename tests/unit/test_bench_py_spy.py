@@ -4,6 +4,7 @@ before any work; a phase shorter than the profile's delay says it was not profil
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,23 @@ def test_a_phase_over_before_the_delay_is_marked_not_profiled(tmp_path: Path) ->
         pass
     assert summaries == {"not_profiled": "the phase ended within its first 30.0 s (--profile-delay-s)"}
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("idle", [False, True])
+def test_idle_threads_are_sampled_when_asked(tmp_path: Path, idle: bool) -> None:
+    """--profile-idle: py-spy's --idle, so that the rows' threads waiting (on a lock, a socket, a slot) show too."""
+    binary = tmp_path / "py-spy"  # stands in for py-spy: writes its arguments as one sample to --output
+    binary.write_text(
+        "#!/bin/sh\nout=\"\"\nwhile [ $# -gt 0 ]; do [ \"$1\" = --output ] && out=\"$2\"; args=\"$args;$1\"; shift; done\n"
+        'echo "thread (1): MainThread$args 1" > "$out"\n'
+    )
+    binary.chmod(0o755)
+    profiler = py_spy.Profiler(binary, tmp_path / "out", delay_s=0.0, seconds=1.0, idle=idle)
+    profiler.pids = {"extractor": 1}
+    with profiler.profiling("c") as summaries:
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "out-py-spy-c-extractor.txt").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    extractor = summaries["extractor"]
+    assert extractor["idle_threads_sampled"] is idle
+    assert ("--idle" in dict(extractor["inclusive"])) is idle
