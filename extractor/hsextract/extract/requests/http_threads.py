@@ -18,18 +18,22 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
+import queue
 import socket
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import httpcore
 import httpx
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 #: An idle connection is closed by its thread before SGLang's uvicorn closes it (``timeout_keep_alive``
 #: 5 s), so a request never goes out on a connection the server is closing at that moment.
@@ -189,6 +193,53 @@ class _Timers:
             callback()
 
 
+class _HandOff:
+    """Threads that take work from a ``queue.SimpleQueue``: a hand-off that takes no Python lock.
+
+    ``ThreadPoolExecutor.submit`` takes the pool's lock and the process-wide ``_global_shutdown_lock``. With
+    hundreds of row threads wanting the GIL, a thread holding them is preempted and the others queue behind it:
+    on the H200 the row threads of 3000 short rows spent 0.805 of their time there, the request threads sat idle
+    and the server, starved, batched 1.7 rows (``bench/results-gpu-e2e-profiles.json``). A thread waiting for
+    work leaves a token in ``_idle``; each submit takes one, or starts a thread (up to ``max_threads``)."""
+
+    def __init__(self, max_threads: int, name: str) -> None:
+        self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._idle: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._numbers = itertools.count()  # next() is atomic: no lock to count the threads started
+        self._max_threads, self._name = max_threads, name
+        self._threads: list[threading.Thread] = []
+
+    def submit(self, work: Callable[[], None]) -> None:
+        self._work.put(work)
+        try:
+            self._idle.get_nowait()  # a waiting thread takes the work
+        except queue.Empty:
+            number = next(self._numbers)
+            if number < self._max_threads:  # beyond, the work waits for the next thread to finish
+                thread = threading.Thread(target=self._serve, name=f"{self._name}_{number}", daemon=True)
+                self._threads.append(thread)
+                thread.start()
+
+    def _serve(self) -> None:
+        while (work := self._work.get()) is not None:
+            try:
+                work()
+            except Exception:  # the work sets its own future: this is a bug in it, not the request's failure
+                log.exception("a request thread's work failed")
+            self._idle.put(None)
+
+    def shutdown(self) -> None:
+        """Run what is queued (after a cancel it fails at once), then stop every thread and wait for it."""
+        stopped = 0
+        while stopped < len(self._threads):  # a submit racing the shutdown may have started one more
+            threads = self._threads[stopped:]
+            for _ in threads:
+                self._work.put(None)
+            for thread in threads:
+                thread.join()
+            stopped += len(threads)
+
+
 class ThreadedHTTP:
     """Runs ``work(client)`` on a pool thread with that thread's own ``httpx.Client``."""
 
@@ -198,7 +249,7 @@ class ThreadedHTTP:
         self._base_url = base_url
         self._timeout = timeout
         self._keepalive_expiry_s = keepalive_expiry_s
-        self._executor = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="hsextract-http")
+        self._threads = _HandOff(max_threads, "hsextract-http")
         self._local = threading.local()
         self._lock = threading.Lock()
         self._cancelled = False
@@ -244,7 +295,7 @@ class ThreadedHTTP:
                 with self._lock:
                     self._running.pop(future, None)
 
-        self._executor.submit(run)
+        self._threads.submit(run)
         return future
 
     def call(self, work: Callable[[httpx.Client], T]) -> T:
@@ -278,7 +329,7 @@ class ThreadedHTTP:
 
     def close(self) -> None:
         self.cancel()
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._threads.shutdown()
         self._timers.close()
         with self._lock:
             clients = list(self._clients)
