@@ -345,6 +345,12 @@ def server_stages(before: dict[str, float], after: dict[str, float]) -> dict[str
     }
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of a process, all its threads (/proc/PID/stat's utime and stime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def extract(
     url: str, data: Path, output: Path, args: argparse.Namespace, expected_tokens: int, phase: str = ""
 ) -> dict[str, Any]:
@@ -357,15 +363,18 @@ def extract(
             "output": output,
             "max_seq_len": args.max_seq_len,
             "concurrency": args.concurrency,
+            "pack_processes": args.pack_processes,
             "log_interval_s": 15.0,
         }
     )
     before = scrape(url)
     util: list[float] = []
     with SAMPLER.sampling(util), PROFILER.profiling(phase if phase in args.profile_phases.split(",") else "") as profile:
+        cpu_before = {side: process_cpu_seconds(pid) for side, pid in PROFILER.pids.items()}
         started = time.perf_counter()
         summary = Extraction(config, metrics=metrics).run()
         seconds = time.perf_counter() - started
+        cpu = {side: (process_cpu_seconds(pid) - cpu_before[side]) / seconds for side, pid in PROFILER.pids.items()}
     after = scrape(url)
     if summary.status != "complete" or summary.total_tokens != expected_tokens:
         raise RuntimeError(f"extraction ended {summary.status} with {summary.total_tokens}/{expected_tokens} tokens written")
@@ -384,6 +393,10 @@ def extract(
         "gpu_util_samples": len(util),
         "extractor_stage_seconds_sum": metrics.stage_totals(),
         "extractor_concurrency": args.concurrency,
+        "pack_processes": config.pack_processes_for(summary.total_samples),
+        "packed_in_process": metrics.registry.get_sample_value("hsextract_packed_in_process_total"),
+        # each process's CPU seconds over the phase's: near 1.0 with mostly Python work is one GIL, saturated
+        "cpu_seconds_per_second": cpu,
         "server": server_stages(before, after),
         **({"py_spy": profile} if profile else {}),
     }
@@ -634,6 +647,7 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_CONCURRENCY,
         help="extractor requests in flight (default: the CLI's, %(default)s)",
     )
+    add("--pack-processes", type=int, default=None, help="the extractor's pack processes (default: the CLI's)")
     add("--hidden", type=int, default=4096)
     add("--intermediate", type=int, default=14336)
     add("--layers", type=int, default=32)
@@ -690,6 +704,10 @@ def parse_args() -> argparse.Namespace:
     add("--profile-delay-s", type=float, default=3.0, help="seconds into a phase before its profile starts")
     add("--profile-seconds", type=float, default=15.0, help="longest profile of one phase")
     add("--profile-idle", action="store_true", help="sample waiting threads too (py-spy --idle): where rows wait")
+    add("--profile-gil", action="store_true", help="sample only the thread holding the GIL (py-spy --gil): what a "
+        "GIL-bound process spends its interpreter on")
+    add("--switch-interval", type=float, default=None, help="sys.setswitchinterval for this process (the extractor "
+        "side) during the phases: how long a thread wanting the GIL waits for a running one (default: Python's 0.005)")
     add("--cpu-smoke", action="store_true", help="toy sizes on the CPU: checks the script end to end, measures nothing")
     args = parser.parse_args()
     if args.cpu_smoke:
@@ -715,7 +733,11 @@ def main() -> int:
     args.disk_dir.mkdir(parents=True, exist_ok=True)
     SAMPLER = GpuSampler()
     py_spy = find_py_spy(args.py_spy) if args.py_spy else None
-    PROFILER = Profiler(py_spy, args.out.with_suffix(""), args.profile_delay_s, args.profile_seconds, idle=args.profile_idle)
+    PROFILER = Profiler(
+        py_spy, args.out.with_suffix(""), args.profile_delay_s, args.profile_seconds, idle=args.profile_idle, gil=args.profile_gil
+    )
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     results = Results(args.out)
     disk = Path(tempfile.mkdtemp(prefix="hsx-e2e-", dir=args.disk_dir))
     tmpfs = Path(tempfile.mkdtemp(prefix="hsx-e2e-", dir=args.tmpfs_dir))

@@ -4,7 +4,8 @@ py-spy is one static binary: handed to a GPU host (nothing is installed there), 
 and extractor by pid. Each profile is taken ``delay_s`` into a phase, for at most ``seconds`` (the phase's steady
 state, not its start), and summarised per thread and per function: the share of samples a function was running
 (``self``) or on the stack (``inclusive``). The raw samples stay beside the result (``-f raw``). With ``idle`` the waiting threads
-are sampled too (py-spy's ``--idle``): where rows in flight wait, not only what the busy threads run.
+are sampled too (py-spy's ``--idle``): where rows in flight wait, not only what the busy threads run. With ``gil`` only
+the thread holding the GIL is (``--gil``): what a GIL-bound process spends its one interpreter on.
 """
 
 from __future__ import annotations
@@ -37,10 +38,19 @@ class Profiler:
     """Profiles the processes of one phase at a time; without a binary it profiles nothing."""
 
     def __init__(
-        self, binary: Path | None, raw_prefix: Path, delay_s: float, seconds: float, rate: int = 97, idle: bool = False
+        self,
+        binary: Path | None,
+        raw_prefix: Path,
+        delay_s: float,
+        seconds: float,
+        rate: int = 97,
+        idle: bool = False,
+        gil: bool = False,
     ) -> None:
+        if idle and gil:
+            raise SystemExit("--profile-idle and --profile-gil sample opposite sets of threads: give one")
         self.binary, self.raw_prefix, self.delay_s, self.seconds, self.rate = binary, raw_prefix, delay_s, seconds, rate
-        self.idle = idle
+        self.idle, self.gil = idle, gil
         self.pids: dict[str, int] = {}  # side name -> pid, set once the processes run
 
     @contextmanager
@@ -61,7 +71,7 @@ class Profiler:
                 raw = self.raw_prefix.with_name(f"{self.raw_prefix.name}-py-spy-{phase}-{side}.txt")
                 command = [str(self.binary), "record", "--pid", str(pid), "--duration", str(int(self.seconds)),
                            "--rate", str(self.rate), "--format", "raw", "--output", str(raw), "--threads",
-                           "--nonblocking", *(["--idle"] if self.idle else [])]  # fmt: skip
+                           "--nonblocking", *(["--idle"] if self.idle else []), *(["--gil"] if self.gil else [])]  # fmt: skip
                 running.append((side, raw, subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
 
         starter = threading.Thread(target=start, name=f"py-spy-{phase}", daemon=True)
@@ -78,7 +88,7 @@ class Profiler:
                     process.send_signal(signal.SIGINT)  # py-spy writes what it has on Ctrl-C
                 _, stderr = process.communicate(timeout=60)
                 if raw.exists():
-                    summaries[side] = summarize(raw) | {"idle_threads_sampled": self.idle}
+                    summaries[side] = summarize(raw) | {"idle_threads_sampled": self.idle, "gil_holder_only": self.gil}
                 else:
                     summaries[side] = {"error": stderr.decode(errors="replace").strip()[-500:]}
                     log.warning("py-spy on %s (%s) wrote nothing: %s", side, phase, summaries[side]["error"])

@@ -23,7 +23,7 @@ from hsextract.contract.generate import GenerateAnswer, GenerateRequest, duplica
 from hsextract.contract.server_info import ServerInfo
 from hsextract.contract.states import ErrorReason
 from hsextract.extract import row_worker
-from hsextract.extract.checks.dump_checks import DumpExpectation
+from hsextract.extract.checks.dump_checks import DumpExpectation, Expectations
 from hsextract.extract.config import ExtractConfig
 from hsextract.extract.ledger import Ledger
 from hsextract.extract.metrics import ExtractMetrics
@@ -142,7 +142,7 @@ def run_row(tmp_path: Path) -> Iterator[Callable[..., tuple[Ledger, _Peer, float
         fmt = open_format("specforge", tmp_path / "out")
         setup = RunSetup(cfg, info, AUX, dump_dir, fmt, sglang_serving(None, AUX, 8))
         worker = RowWorker(
-            setup, client, ledger, metrics, lambda dump: expect, OpenRequests(), ServerGate(client, ledger, metrics, timeout_s=5)
+            setup, client, ledger, metrics, Expectations(expect), OpenRequests(), ServerGate(client, ledger, metrics, timeout_s=5)
         )
         started = time.monotonic()
         worker.process(Sample(row=3, input_ids=list(range(1, 11)), loss_mask=[1] * 10, original_length=10), "hash")

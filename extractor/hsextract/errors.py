@@ -24,6 +24,7 @@
             ├── LayerMismatchError  the server captures other layers: every further dump would be wrong
             ├── ModelMismatchError  the dump comes from another model than the output's
             ├── StorageMismatchError the dump is stored as FP8 and the output is not, or the reverse
+            ├── PackProcessError  the process packing the row ended (killed, out of memory): retried
             └── SpotCheckMismatchError the engine's own states of a row differ from its dump
 
 Every message says what was wrong, with the value, and what to do about it.
@@ -32,12 +33,12 @@ What one row's failure means for the run is carried by the class, not by a list 
 ``fatal`` errors stop the run at once (every further request would fail the same way: another
 model or layer set, not an SGLang server, a full disk); ``retryable`` ones are tried again up to
 ``max_attempts`` (a dropped connection, a missing or malformed dump); a :class:`BadSampleError` is
-recorded and skipped.
+recorded and skipped. Every error pickles whole (a pack process's comes back to the row's thread).
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from hsextract.contract.states import ErrorReason
 
@@ -132,6 +133,18 @@ class ReasonedError(HsextractError):
         super().__init__(message)
         self.reason = reason
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickled as (reason, message), not Exception's (message,): a pack process's error reaches the run whole
+        return _rebuild_reasoned, (type(self), self.reason, str(self))
+
+
+def _rebuild_reasoned(cls: type[ReasonedError], reason: str, message: str) -> ReasonedError:
+    """An unpickled :class:`ReasonedError`, whatever its subclass's constructor takes (``reason`` set after)."""
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.reason = reason
+    return error
+
 
 class BadSampleError(ReasonedError):
     """One dataset row is unusable."""
@@ -175,6 +188,13 @@ class StorageMismatchError(DumpError):
 
     fatal = True
     retryable = False
+
+
+class PackProcessError(DumpError):
+    """A pack process ended (killed, out of memory) while it packed a row: the row is tried again in a new one."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorReason.PACK_PROCESS_ENDED, message)
 
 
 class SpotCheckMismatchError(DumpError):

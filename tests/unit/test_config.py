@@ -303,3 +303,17 @@ def test_serve_names_a_model_path_that_does_not_exist(
     expected = "does not exist" if kind == "missing" else "is a file, not a directory"
     assert f"ConfigError: model {model} {expected}; give --model" in err, err
     assert "config.json;" not in err, err
+
+
+def test_pack_processes_default_to_a_quarter_of_the_cpus_for_long_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset: none for a short run (a process costs a second or more to start), else a quarter of the CPUs this
+    process may use, 1 to 8; a value given is taken as it is, 0 included."""
+    config = ExtractConfig(server="http://h:1", dataset=Path("d.jsonl"), output=Path("o"))
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
+    assert config.pack_processes_for(511) == 0 and config.pack_processes_for(512) == 4
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    assert config.pack_processes_for(10_000) == 1
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(128)))
+    assert config.pack_processes_for(10_000) == 8
+    assert config.model_copy(update={"pack_processes": 0}).pack_processes_for(10_000) == 0
+    assert config.model_copy(update={"pack_processes": 3}).pack_processes_for(10) == 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import pickle
 
 import hsextract
 from hsextract import errors
@@ -22,3 +23,21 @@ def test_errors_with_a_reason_share_one_base() -> None:
     for cls in (errors.BadSampleError, errors.DumpError, errors.BadRequestError, errors.LayerMismatchError):
         assert issubclass(cls, errors.ReasonedError)
         assert cls(ErrorReason.NOT_JSON, "message").reason == "not_json"
+
+
+def test_every_error_pickles_whole() -> None:
+    """A pack process sends its row's error back pickled: the class, message, reason, fatal and retryable arrive as
+    they left (Exception's own pickling passes only the message, which the reasoned errors' constructors refuse)."""
+    made = [
+        errors.DumpError(ErrorReason.TOKEN_MISMATCH, "ids differ"),
+        errors.LayerMismatchError(ErrorReason.LAYER_MISMATCH, "layers differ"),
+        errors.BadSampleError(ErrorReason.NOT_JSON, "not json"),
+        errors.SpotCheckMismatchError("states differ"),
+        errors.PackProcessError("the process ended"),
+        errors.DiskFullError("full"),
+    ]
+    for error in made:
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is type(error) and str(back) == str(error)
+        assert (back.fatal, back.retryable) == (error.fatal, error.retryable)
+        assert getattr(back, "reason", None) == getattr(error, "reason", None)

@@ -79,6 +79,7 @@ class ErrorReason(_StrEnum):
     MISSING_FINAL_PRENORM = "missing_final_prenorm"
     DTYPE_MISMATCH = "dtype_mismatch"
     NON_FINITE = "non_finite"
+    PACK_PROCESS_ENDED = "pack_process_ended"  # the process packing the row died (killed, out of memory)
     SPOT_CHECK_MISMATCH = "spot_check_mismatch"  # the engine's own states of the row differ from its dump
     # the whole run stops on these
     LAYER_MISMATCH = "layer_mismatch"

@@ -24,6 +24,11 @@ def syncs_off() -> Iterator[None]:
         _enabled = True
 
 
+def syncs_enabled() -> bool:
+    """False inside :func:`syncs_off` (a pack process is told so with each job)."""
+    return _enabled
+
+
 def sync_handle(handle: IO[Any]) -> None:
     """What was written through ``handle``, down to the disk."""
     handle.flush()

@@ -6,6 +6,7 @@ turns the model into flags and loads the file).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -16,6 +17,10 @@ from hsextract.contract import defaults
 from hsextract.contract.layers import DEFAULT_AUX_LAYERS_TEXT, LAYER_IDS_HELP
 from hsextract.errors import ConfigError
 from hsextract.output.formats import DEFAULT_FORMAT, FORMAT_NAMES
+
+#: pack processes (``pack_processes`` unset) only for runs with this many rows to do: a process takes a second or
+#: more to start (it imports torch), which a short run would spend for nothing
+PACK_PROCESSES_FROM_ROWS = 512
 
 if TYPE_CHECKING:
     FormatName = str
@@ -76,6 +81,14 @@ class ExtractConfig(StrictConfig):
     )
     concurrency: int = Field(
         256, gt=0, le=1024, description="requests in flight at once (the server batches among those waiting)"
+    )
+    pack_processes: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="processes that read, check and write the dumps beside the request threads, each with its own "
+        "interpreter lock (0: on the request threads; default: a quarter of the CPUs, 1 to 8, for runs of "
+        f"{PACK_PROCESSES_FROM_ROWS} rows or more, else 0)",
     )
     sort_window: int = Field(
         2048, gt=0, description="rows read ahead and sent shortest first, so batches carry little padding (1: dataset order)"
@@ -192,3 +205,12 @@ class ExtractConfig(StrictConfig):
     @property
     def fp8(self) -> bool:
         return self.storage != "auto"
+
+    def pack_processes_for(self, rows_to_do: int) -> int:
+        """The pack processes of a run with ``rows_to_do`` rows: as set, else a quarter of the CPUs this process may
+        run on (1 to 8) for a run of :data:`PACK_PROCESSES_FROM_ROWS` rows or more, else none."""
+        if self.pack_processes is not None:
+            return self.pack_processes
+        if rows_to_do < PACK_PROCESSES_FROM_ROWS:
+            return 0
+        return max(1, min(8, len(os.sched_getaffinity(0)) // 4))

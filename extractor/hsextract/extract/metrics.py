@@ -17,7 +17,7 @@ from hsextract.ports import serve_metrics
 SAMPLE_STATUSES = ("ok", "bad_input", "failed", "resumed")
 
 #: per-sample stages of the extractor, in order (spot_check: only the rows checked)
-STAGES = ("request", "wait_dump", "verify", "spot_check", "pack", "sync")
+STAGES = ("request", "wait_dump", "read", "verify", "spot_check", "pack", "sync")
 
 #: the ``result`` label values of ``hsextract_spot_checks_total``
 SPOT_CHECK_RESULTS = ("match", "mismatch", "error")
@@ -52,12 +52,17 @@ class ExtractMetrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
             registry=r,
         )
+        self.packed_in_process = Counter(
+            "hsextract_packed_in_process",
+            "Samples read, checked and written in a pack process (pack_processes); the rest on their request threads",
+            registry=r,
+        )
         self.stage_seconds = Histogram(
             "hsextract_stage_seconds",
             "Seconds per sample in each extractor stage: request (until the server answered or the dump was complete), "
-            "wait_dump (after the answer, until its dump was complete; 0 when the dump came first), verify (read and "
-            "check it), spot_check (ask the engine for its own states of the row and compare them; checked rows only), "
-            "pack (write the output file), sync (wait for the file to reach the disk before its record is kept)",
+            "wait_dump (after the answer, until its dump was complete; 0 when the dump came first), read (the dump), "
+            "verify (check it), spot_check (ask the engine for its own states of the row and compare them; checked rows "
+            "only), pack (write the output file), sync (wait for the file to reach the disk before its record is kept)",
             ["stage"],
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
             registry=r,

@@ -17,15 +17,14 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-from hsextract.contract.files.dumps import Dump, completed_at, dump_state, read_dump, read_error, remove_dump
+from hsextract.contract.files.dumps import Dump, dump_state, read_error, remove_dump
 from hsextract.contract.generate import GenerateRequest
 from hsextract.contract.rids import make_rid
 from hsextract.contract.states import DumpState, ErrorReason
-from hsextract.durable.atomic import disk_full_text, is_disk_full
-from hsextract.durable.sync import sync_file
+from hsextract.durable.atomic import disk_full_text
+from hsextract.durable.sync import syncs_enabled
 from hsextract.errors import (
     BadSampleError,
     DiskFullError,
@@ -36,16 +35,17 @@ from hsextract.errors import (
     SpotCheckMismatchError,
     TransientServerError,
 )
-from hsextract.extract.checks.dump_checks import DumpExpectation, check_dump
+from hsextract.extract.checks.dump_checks import Expectations
 from hsextract.extract.checks.spot_check import SpotChecker
 from hsextract.extract.config import ExtractConfig
-from hsextract.extract.ledger import Ledger, disk_full_error
+from hsextract.extract.ledger import Ledger
 from hsextract.extract.metrics import ExtractMetrics
+from hsextract.extract.pack_processes import PackProcesses
+from hsextract.extract.packing import Packed, PackJob, pack_row, read_checked, write_and_sync
 from hsextract.extract.requests.client import PendingAnswer, ServerClient
 from hsextract.extract.requests.open_requests import OpenRequest, OpenRequests
 from hsextract.extract.requests.server_gate import ServerGate
 from hsextract.extract.setup import RunSetup
-from hsextract.output.checksum import WrittenFile
 from hsextract.output.formats.base import OutputFormat
 from hsextract.output.sample import Sample
 
@@ -75,10 +75,11 @@ class RowWorker:
         client: ServerClient,
         ledger: Ledger,
         metrics: ExtractMetrics,
-        expectation: Callable[[Dump], DumpExpectation],
+        expectations: Expectations,
         open_requests: OpenRequests,
         gate: ServerGate,
         spot: SpotChecker | None = None,
+        packer: PackProcesses | None = None,
     ) -> None:
         self.setup = setup
         self.spot = spot
@@ -88,7 +89,8 @@ class RowWorker:
         self.metrics = metrics
         self.fmt: OutputFormat = setup.fmt
         self.dump_dir: Path = setup.dump_dir
-        self.expectation = expectation
+        self.expectations = expectations
+        self.packer = packer  # None: every row is packed on its own thread
         self.open_requests = open_requests
         self.gate = gate
         self.final_prenorm = setup.final_prenorm
@@ -119,20 +121,16 @@ class RowWorker:
             remove_dump(directory)
             started = time.monotonic()
             try:
-                dump, pending = self._send_until_dump(sample, entry)
-                with self.metrics.stage("verify"):
-                    check_dump(dump, sample.input_ids, self.expectation(dump))
+                pending = self._send_until_dump(sample, entry)
                 if spot_check and self.spot is not None:
                     spot_check = False  # once per row
-                    if not self._spot_check_passes(sample, row_hash, dump, attempt):
+                    packed = self._pack_checked(sample, row_hash, directory, attempt)
+                    if packed is None:
                         remove_dump(directory)
                         return
-                with self.metrics.stage("pack"):
-                    written = self._write_sample(sample, dump)
-                    del dump
-                    remove_dump(directory)  # freed before the sync: a dump tmpfs sized for a few dumps waits on it
-                with self.metrics.stage("sync"):
-                    self._sync_sample(sample)
+                else:
+                    packed = self._pack(sample, directory)
+                self._observe(packed)
             except HsextractError as exc:
                 if isinstance(exc, BadSampleError):
                     remove_dump(directory)
@@ -156,7 +154,8 @@ class RowWorker:
                 self._count_failure(exc)
                 last_error = exc
             else:
-                self.ledger.written(self.fmt.relative(sample.row), sample, row_hash, written, time.monotonic() - started)
+                assert packed.written is not None
+                self.ledger.written(self.fmt.relative(sample.row), sample, row_hash, packed.written, time.monotonic() - started)
                 if not pending.done():
                     self._leave_answer(pending, entry)
                 return
@@ -167,6 +166,33 @@ class RowWorker:
         remove_dump(directory)
         if not self.stop.is_set():
             self.ledger.failed(sample.row, row_hash, last_error)
+
+    # -- packing --------------------------------------------------------------------------------------
+    def _pack(self, sample: Sample, directory: Path) -> Packed:
+        """Read, check and write the row's complete dump: in an idle pack process when the run has one (and knows
+        what every dump must be), else on this thread."""
+        expect = self.expectations.known()
+        if self.packer is not None and expect is not None:
+            packed = self.packer.pack(PackJob(sample, directory, expect, syncs=syncs_enabled()))
+            if packed is not None:
+                self.metrics.packed_in_process.inc()
+                return packed
+        return pack_row(self.fmt, self.config.output, sample, directory, self.expectations)
+
+    def _pack_checked(self, sample: Sample, row_hash: str, directory: Path, attempt: int) -> Packed | None:
+        """A spot-checked row, on this thread (the check compares the dump it read): None when it is not written."""
+        packed = Packed()
+        dump = read_checked(directory, sample, self.expectations, packed)
+        if not self._spot_check_passes(sample, row_hash, dump, attempt):
+            return None
+        write_and_sync(self.fmt, self.config.output, sample, dump, directory, packed)
+        return packed
+
+    def _observe(self, packed: Packed) -> None:
+        for stage, seconds in packed.seconds.items():
+            self.metrics.stage_seconds.labels(stage).observe(seconds)
+        if packed.picked_up_after_s is not None:
+            self.ledger.dump_picked_up(packed.picked_up_after_s)
 
     def _spot_check_passes(self, sample: Sample, row_hash: str, dump: Dump, attempt: int) -> bool:
         """False when the engine's own states differ from the dump (the ledger has recorded the row) or the run
@@ -196,7 +222,7 @@ class RowWorker:
             self.metrics.errors.labels(exc.reason).inc()
 
     # -- one request ----------------------------------------------------------------------------------
-    def _send_until_dump(self, sample: Sample, entry: OpenRequest) -> tuple[Dump, PendingAnswer]:
+    def _send_until_dump(self, sample: Sample, entry: OpenRequest) -> PendingAnswer:
         """Send the row's request (again, when the watchdog asks) until its dump is complete."""
         request = GenerateRequest(entry.rid, sample.input_ids, self.final_prenorm, self.storage)
         held_since: float | None = None
@@ -205,7 +231,8 @@ class RowWorker:
             pending = self.client.send_prefill(request)
             entry.sent(pending)
             try:
-                return self._await_dump(pending, entry.directory, entry), pending
+                self._await_dump(pending, entry.directory, entry)
+                return pending
             except _Resend:
                 pending.cancel()
                 log.info("row %d: sent again by the watchdog (the server had no trace of it)", sample.row)
@@ -224,10 +251,10 @@ class RowWorker:
                     raise DumpError(ErrorReason.INTERRUPTED, "run stopping") from None
                 delay = min(delay * 2, 4.0)
                 if dump_state(entry.directory) is DumpState.DONE:
-                    return self._take_dump(entry.directory), pending
+                    return pending
 
-    def _await_dump(self, pending: PendingAnswer, directory: Path, entry: OpenRequest) -> Dump:
-        """Wait for the answer while watching the dump; the complete dump wins either way."""
+    def _await_dump(self, pending: PendingAnswer, directory: Path, entry: OpenRequest) -> None:
+        """Wait for the answer while watching the dump, until the dump is complete; the dump wins either way."""
         delay = FIRST_POLL_S
         with self.metrics.stage("request"):
             while not pending.wait(delay):
@@ -239,7 +266,7 @@ class RowWorker:
                 state = dump_state(directory)
                 if state is DumpState.DONE:
                     self.metrics.stage_seconds.labels("wait_dump").observe(0.0)  # the dump came first
-                    return self._take_dump(directory)
+                    return
                 if state is DumpState.ERROR:
                     raise self._server_dump_error(directory)
                 delay = min(delay * 2, MAX_POLL_S)
@@ -249,13 +276,13 @@ class RowWorker:
             pending.result()
         except TransientServerError:
             if dump_state(directory) is DumpState.DONE:  # the request failed, but its dump is complete
-                return self._take_dump(directory)
+                return
             raise
         self.metrics.server_up.set(1)
         with self.metrics.stage("wait_dump"):
-            return self._wait_for_dump(directory)
+            self._wait_for_dump(directory)
 
-    def _wait_for_dump(self, directory: Path) -> Dump:
+    def _wait_for_dump(self, directory: Path) -> None:
         """After the answer: the SGLang hook writes on a background thread, so the dump can land later."""
         now = time.monotonic()
         deadline = now + self.config.dump_timeout_s
@@ -264,7 +291,7 @@ class RowWorker:
         while True:
             state = dump_state(directory)
             if state is DumpState.DONE:
-                return self._take_dump(directory)
+                return
             if state is DumpState.ERROR:
                 raise self._server_dump_error(directory)
             now = time.monotonic()
@@ -284,12 +311,6 @@ class RowWorker:
             if self.stop.wait(delay):
                 raise DumpError(ErrorReason.INTERRUPTED, "run stopping")
             delay = min(delay * 2, 0.05)
-
-    def _take_dump(self, directory: Path) -> Dump:
-        done_at = completed_at(directory)
-        if done_at is not None:
-            self.ledger.dump_picked_up(time.time() - done_at)
-        return read_dump(directory)
 
     @staticmethod
     def _server_dump_error(directory: Path) -> HsextractError:
@@ -324,20 +345,3 @@ class RowWorker:
         for pending, (_, grace_ends) in lingering:
             pending.wait(max(0.0, grace_ends - time.monotonic()))
             self._settle_answer(pending)
-
-    def _sync_sample(self, sample: Sample) -> None:
-        """The sample file on the disk before the ledger records it (manifest.py then syncs its folder and line)."""
-        try:
-            sync_file(self.fmt.sample_path(sample.row))
-        except OSError as exc:
-            if is_disk_full(exc):
-                raise disk_full_error(self.config.output, "the output", exc) from exc
-            raise
-
-    def _write_sample(self, sample: Sample, dump: Dump) -> WrittenFile:
-        try:
-            return self.fmt.write_sample(sample, dump)
-        except Exception as exc:  # torch's zip writer wraps the OSError in a RuntimeError, safetensors in a SafetensorError
-            if not isinstance(exc, HsextractError) and is_disk_full(exc):
-                raise disk_full_error(self.config.output, "the output", exc) from exc
-            raise

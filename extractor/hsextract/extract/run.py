@@ -31,18 +31,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from hsextract.contract.files.dumps import Dump
 from hsextract.contract.states import RunStatus
 from hsextract.durable.atomic import is_disk_full, remove_quietly, sweep_temp_files
 from hsextract.durable.lock import OutputLock
 from hsextract.errors import BadSampleError, DiskFullError, HsextractError, ServerError
-from hsextract.extract.checks.dump_checks import DumpExpectation
+from hsextract.extract.checks.dump_checks import Expectations
 from hsextract.extract.checks.spot_check import SpotChecker
 from hsextract.extract.checks.stale_dumps import sweep_stale_dumps
 from hsextract.extract.config import ExtractConfig
 from hsextract.extract.ledger import Ledger, disk_full_error
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.outcome import RunSummary, build_data_config, summarize, trainable
+from hsextract.extract.pack_processes import PackProcesses
 from hsextract.extract.planning.context_fit import check_fits_context
 from hsextract.extract.planning.dataset import iter_raw_rows, iter_rows, validate_row
 from hsextract.extract.planning.ordering import shortest_first
@@ -208,8 +208,12 @@ class Extraction:
                 planner.start(functools.partial(self._exact_plan, progress=progress))
             open_requests = OpenRequests()
             gate = self._gate = ServerGate(self.client, ledger, self.metrics, cfg.server_down_timeout_s)
-            expectation = functools.partial(self._expectation, expect)
-            worker = RowWorker(setup, self.client, ledger, self.metrics, expectation, open_requests, gate, spot)
+            expectations = Expectations(expect, on_pin=self._pin_dtype)
+            processes = cfg.pack_processes_for(plan.todo_rows)
+            packer = PackProcesses(processes, fmt, cfg.output) if processes else None
+            if packer is not None:
+                log.info("packing in %d processes (pack_processes)", processes)
+            worker = RowWorker(setup, self.client, ledger, self.metrics, expectations, open_requests, gate, spot, packer)
             watchdog = StallWatchdog(open_requests, ledger, self.metrics, cfg.stall_timeout_s, down_since=gate.down_since)
             watchdog.start()
             try:
@@ -217,6 +221,8 @@ class Extraction:
             finally:
                 watchdog.close()
                 worker.abandon_answers()
+                if packer is not None:
+                    packer.close()
                 progress.close()
                 self.metrics.running.set(0)
         except KeyboardInterrupt:
@@ -417,15 +423,11 @@ class Extraction:
             self.stop.wait(0.2)
         return False
 
-    def _expectation(self, expect: DumpExpectation, dump: Dump) -> DumpExpectation:
-        # A server that does not report its dtype: the first dump sets it for the whole output.
-        if expect.dtype is not None:
-            return expect
+    def _pin_dtype(self, computed: str) -> str | None:
+        """A server that does not report its dtype: the first dump's sets it for the whole output."""
         with self._lock:
             identity = self._identity
             if identity is not None and identity.dtype is None:
-                computed = dump.model_dtype
                 identity = self._identity = replace(identity, dtype=computed, stored_dtype=identity.stored_dtype or computed)
                 write_identity(self.config.output, identity)
-            dtype = identity.dtype if identity is not None else None
-        return replace(expect, dtype=dtype)
+            return identity.dtype if identity is not None else None

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -25,6 +27,29 @@ class DumpExpectation:
     model_path: str = ""  # the output's model (identity.py); "" : not checked
     model_fingerprint: str | None = None
     storage: str | None = None  # the output's: fp8.FP8_STORAGE, or None for the model's dtype
+
+
+class Expectations:
+    """The run's :class:`DumpExpectation`. A server that does not say its dtype has it pinned by the first dump
+    (``on_pin`` records it and answers the dtype to expect); until then :meth:`known` is None."""
+
+    def __init__(self, expect: DumpExpectation, on_pin: Callable[[str], str | None] | None = None) -> None:
+        self._expect = expect
+        self._on_pin = on_pin if expect.dtype is None else None
+        self._lock = threading.Lock()
+
+    def known(self) -> DumpExpectation | None:
+        """What every dump must be, once nothing is left to learn from a dump; else None."""
+        return self._expect if self._on_pin is None else None
+
+    def for_dump(self, dump: Dump) -> DumpExpectation:
+        """What this dump must be; the first dump of a run whose dtype is not known pins it."""
+        if self._on_pin is not None:
+            with self._lock:
+                if self._on_pin is not None:
+                    self._expect = replace(self._expect, dtype=self._on_pin(dump.model_dtype))
+                    self._on_pin = None
+        return self._expect
 
 
 def _same_model(dump: Dump, expect: DumpExpectation) -> bool:
@@ -117,9 +142,7 @@ def _check_fp8(dump: Dump, tokens: int, expect: DumpExpectation) -> None:
             f"dump {dump.rid} hidden_states_scales is {scales.dtype} {tuple(scales.shape)}, expected float32 {(tokens, 1, 1)}",
         )
     if expect.dtype is not None and dump.meta.dtype != expect.dtype:
-        raise DumpError(
-            ErrorReason.DTYPE_MISMATCH, f"dump {dump.rid} was computed in {dump.meta.dtype}, expected {expect.dtype}"
-        )
+        raise DumpError(ErrorReason.DTYPE_MISMATCH, f"dump {dump.rid} was computed in {dump.meta.dtype}, expected {expect.dtype}")
     if expect.need_final_prenorm and dump.meta.final_slot != FINAL_SLOT_PRENORM:
         raise DumpError(
             ErrorReason.MISSING_FINAL_PRENORM,

@@ -82,10 +82,6 @@ class SpecForgeFormat(OutputFormat):
     trainer_length_setting = "data.max_length"
     storage_refusal = "SpecForge has no FP8 reader: use --format speculators with --storage float8_e4m3fn, or drop --storage"
 
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
-        _skip_zip_crc()
-
     @classmethod
     def check_layers(cls, aux_layer_ids: list[int]) -> None:
         if len(aux_layer_ids) != SPECFORGE_NUM_AUX_LAYERS:
@@ -124,6 +120,9 @@ class SpecForgeFormat(OutputFormat):
         return self.root / f"rows_{group}-{group + ROWS_PER_DIR}" / f"data_{row}.ckpt"
 
     def write_sample(self, sample: Sample, dump: Dump) -> WrittenFile:
+        # per write, not per instance: a format unpickled in a pack process was never constructed there, and its
+        # files must be the bytes a row thread's are
+        _skip_zip_crc()
         tokens = dump.input_ids.shape[0]
         # [T, K, H] contiguous: its [1, T, K*H] view is the concatenation
         aux, final = dump.plain_states("the specforge writer")

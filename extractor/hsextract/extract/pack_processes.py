@@ -1,0 +1,161 @@
+"""Packing rows in processes of their own, each with its own interpreter lock.
+
+The row threads of one extractor share one interpreter lock. When the forward is fast (short rows, a small
+model) that lock is the limit. On one H200, 3000 rows of about 450 tokens went at 140-156 rows a second
+whether 16, 64, 256 or 1024 were in flight, and the server batched 1.8 rows at a time, starved. Reading,
+checking and writing the dumps held the lock for half of the extractor's locked time.
+
+So :class:`PackProcesses` runs those steps (:func:`hsextract.extract.packing.pack_row`) in ``n`` processes
+of their own (:mod:`hsextract.extract.pack_worker`). A row's thread borrows an idle process from a queue
+(``queue.SimpleQueue``: no lock to wait on), sends it the job over the process's socket, waits for the answer
+and gives the process back. Only the job crosses: the sample's ids, the dump's path, and what the dump must
+be. The process reads the dump from the dump directory itself and writes the sample file. An error comes
+back whole, and the row's thread handles it as before (retry, skip, stop).
+
+When no process is idle (all busy, or still starting: each imports torch, a second or more) the row is packed
+on its own thread as before. The processes add to the threads' capacity and never make a row wait: wide rows
+(tens of MB, where the threads spend most of their time in copies and writes that let go of the lock) keep the
+many threads. A process that dies (killed, out of memory) fails the row it held with
+:class:`~hsextract.errors.PackProcessError`, which is retried, and a new process takes its place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import hsextract
+from hsextract.errors import PackProcessError
+from hsextract.extract.pack_worker import READY
+from hsextract.extract.packing import Packed, PackJob
+from hsextract.output.formats.base import OutputFormat
+
+log = logging.getLogger(__name__)
+
+#: how long close() waits for a process to exit before it is killed
+CLOSE_TIMEOUT_S = 60.0
+
+
+class _Process:
+    """One pack process (``python -m hsextract.extract.pack_worker``) and the socket to it."""
+
+    def __init__(self, fmt: OutputFormat, output: Path) -> None:
+        here, there = socket.socketpair()
+        package_root = str(Path(hsextract.__file__).resolve().parents[1])  # importable there as it is here
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "hsextract.extract.pack_worker", str(there.fileno())],
+            pass_fds=(there.fileno(),),
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        there.close()
+        self.conn = Connection(here.detach())
+        self.conn.send((fmt, output))
+
+    def wait_ready(self) -> None:
+        """Until it has imported what it needs (EOFError: it died first)."""
+        if self.conn.recv() != READY:
+            raise EOFError("the pack process did not say it was ready")
+
+    def call(self, job: PackJob) -> tuple[str, Any]:
+        self.conn.send(job)
+        answer: tuple[str, Any] = self.conn.recv()
+        return answer
+
+    def ended(self) -> str:
+        """How it ended, for the error of the row it held."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(5.0)
+        self.conn.close()
+        return f"pack process {self.process.pid} ended (exit code {self.process.returncode})"
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):  # it has ended already
+            self.conn.send(None)
+        try:
+            self.process.wait(CLOSE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            log.warning("pack process %s did not exit within %.0f s; killing it", self.process.pid, CLOSE_TIMEOUT_S)
+            self.process.kill()
+            self.process.wait()
+        self.conn.close()
+
+
+class PackProcesses:
+    """``processes`` pack processes, lent to the row threads one job at a time."""
+
+    def __init__(self, processes: int, fmt: OutputFormat, output: Path) -> None:
+        if processes < 1:
+            raise ValueError(f"PackProcesses needs at least one process, not {processes}")
+        self._count, self._fmt, self._output = processes, fmt, output
+        self._idle: queue.SimpleQueue[_Process] = queue.SimpleQueue()
+        self._live = processes  # started or starting, less those that could not be started again
+        self._lock = threading.Lock()
+        self._starter = threading.Thread(target=self._start_all, name="hsextract-pack-start", daemon=True)
+        self._starter.start()
+
+    @property
+    def idle(self) -> int:
+        """Processes up and waiting for a job now."""
+        return self._idle.qsize()
+
+    def pack(self, job: PackJob) -> Packed | None:
+        """Pack one row in an idle process (its error, if any, is raised here); None when none is idle (all busy,
+        or still starting): the row's own thread packs it then, so the processes add to the threads, never queue."""
+        try:
+            process = self._idle.get_nowait()
+        except queue.Empty:
+            return None
+        try:
+            outcome, value = process.call(job)
+        except (EOFError, OSError) as exc:
+            error = PackProcessError(
+                f"{process.ended()} while it packed row {job.sample.row} ({type(exc).__name__}); the row is tried again. "
+                "If this repeats, look for the out-of-memory killer (dmesg), or set pack_processes 0"
+            )
+            self._replace()
+            raise error from None
+        self._idle.put(process)
+        if outcome == "packed":
+            assert isinstance(value, Packed)
+            return value
+        raise value
+
+    def close(self) -> None:
+        """End every process (the rows are done: each is idle)."""
+        self._starter.join()
+        for _ in range(self._live):
+            self._idle.get().stop()
+
+    def _replace(self) -> None:
+        """A new process in place of one that died, started on the calling thread; if it cannot start, one fewer."""
+        process = _Process(self._fmt, self._output)
+        try:
+            process.wait_ready()
+        except (EOFError, OSError):
+            log.error("%s before it was ready: packing goes on with one process fewer", process.ended())
+            with self._lock:
+                self._live -= 1
+            return
+        self._idle.put(process)
+
+    def _start_all(self) -> None:
+        starting = [_Process(self._fmt, self._output) for _ in range(self._count)]  # importing at once
+        for process in starting:
+            try:
+                process.wait_ready()
+            except (EOFError, OSError):
+                log.warning("%s before it was ready; starting another", process.ended())
+                self._replace()
+            else:
+                self._idle.put(process)

@@ -1,0 +1,71 @@
+"""The pack process's side (:mod:`hsextract.extract.pack_processes`): ``python -m hsextract.extract.pack_worker FD``.
+
+It is started as a program of its own, not forked or spawned by ``multiprocessing``: a spawned child imports the
+parent's main module again, and a script that runs an extraction without an ``if __name__ == "__main__"`` guard
+would start another run in every child. FD is this process's end of a socket pair. The first message is the
+output format and the output directory; then each message is a :class:`~hsextract.extract.packing.PackJob`,
+answered ``("packed", Packed)`` or ``("error", exception)``, until None or the pipe's end.
+"""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import sys
+import traceback
+from contextlib import nullcontext
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from hsextract.durable.sync import syncs_off
+from hsextract.errors import HsextractError
+from hsextract.extract.checks.dump_checks import Expectations
+from hsextract.extract.packing import pack_row
+
+READY = "ready"
+
+
+def serve(conn: Connection) -> None:
+    """Pack each job that comes and answer it."""
+    # The run stops its processes itself: a terminal's Ctrl-C or a service manager's SIGTERM to the whole group
+    # must not kill a job half done under a run that is still recording rows.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    torch.set_num_threads(1)  # one row at a time per process: the processes are the parallelism
+    try:
+        fmt, output = conn.recv()
+    except EOFError:
+        return
+    conn.send(READY)
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return  # the run's process is gone
+        if job is None:
+            return
+        try:
+            with nullcontext() if job.syncs else syncs_off():
+                answer: tuple[str, Any] = ("packed", pack_row(fmt, output, job.sample, job.directory, Expectations(job.expect)))
+        except Exception as exc:  # every error goes back to the row's thread
+            answer = ("error", portable(exc))
+        conn.send(answer)
+
+
+def portable(exc: Exception) -> Exception:
+    """The error itself when the run handles its kind (ours, an OSError) and it pickles; else a RuntimeError with its
+    text and traceback, which would otherwise stay in this process."""
+    if isinstance(exc, HsextractError | OSError):
+        try:
+            pickle.loads(pickle.dumps(exc))
+        except Exception:  # anything unpickling raises: sent as text below
+            pass
+        else:
+            return exc
+    return RuntimeError(f"in a pack process: {type(exc).__name__}: {exc}\n{''.join(traceback.format_exception(exc))}")
+
+
+if __name__ == "__main__":
+    serve(Connection(int(sys.argv[1])))

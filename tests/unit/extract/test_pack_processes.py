@@ -1,0 +1,127 @@
+"""Packing in processes of their own (extract/pack_processes.py), with real spawned processes and real dump files:
+a row packed in a process writes the same file as on its own thread; its error comes back whole; with every process
+busy or starting the row is handed back (None); a killed process fails its row with a retried error and another
+takes its place; a SIGTERM to the group does not end them; close ends every one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from hsextract.contract.files.dumps import DumpSource, write_dump
+from hsextract.contract.states import ErrorReason
+from hsextract.errors import DumpError, PackProcessError
+from hsextract.extract.checks.dump_checks import DumpExpectation, Expectations
+from hsextract.extract.pack_processes import PackProcesses
+from hsextract.extract.packing import PackJob, pack_row
+from hsextract.output.formats import open_format
+from hsextract.output.sample import Sample
+
+AUX, HIDDEN, TOKENS = [1, 3, 4], 8, 12
+SOURCE = DumpSource("test", "0", "/models/m", AUX, [a + 1 for a in AUX], final_layer_id=7)
+EXPECT = DumpExpectation(AUX, [a + 1 for a in AUX], HIDDEN, "float32", False, model_path="/models/m")
+
+
+def _job(dump_dir: Path, row: int, sent: list[int] | None = None) -> PackJob:
+    """A complete dump of ``row`` (its states seeded by the row) and the job for it; ``sent``: other ids sent."""
+    ids = list(range(1, TOKENS + 1))
+    torch.manual_seed(row)
+    rid = f"hsx-{row:09d}-n{TOKENS}"
+    write_dump(dump_dir, rid, torch.tensor(ids), torch.randn(TOKENS, len(AUX), HIDDEN), torch.randn(TOKENS, HIDDEN), SOURCE)
+    sent = ids if sent is None else sent
+    return PackJob(Sample(row, sent, [1] * len(sent), len(sent)), dump_dir / rid, EXPECT)
+
+
+def _pack_processes() -> list[int]:
+    """The pids of this process's live pack processes (``python -m hsextract.extract.pack_worker``)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"hsextract.extract.pack_worker" in cmdline:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def _wait_idle(packer: PackProcesses, count: int) -> None:
+    deadline = time.monotonic() + 180  # each imports torch; a loaded CI machine takes seconds
+    while packer.idle < count:
+        assert time.monotonic() < deadline, f"{count} pack processes did not start"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def packer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PackProcesses]:
+    out = tmp_path_factory.mktemp("out")
+    processes = PackProcesses(2, open_format("specforge", out), out)
+    _wait_idle(processes, 2)
+    yield processes
+    processes.close()
+
+
+def test_a_row_packed_in_a_process_is_the_file_its_own_thread_writes(packer: PackProcesses, tmp_path: Path) -> None:
+    fmt = packer._fmt
+    packed = packer.pack(_job(tmp_path, 5))
+    assert packed is not None and packed.written is not None
+    assert set(packed.seconds) == {"read", "verify", "pack", "sync"} and packed.picked_up_after_s is not None
+    assert not (tmp_path / f"hsx-{5:09d}-n{TOKENS}").exists()  # its dump is freed
+    on_thread = open_format("specforge", tmp_path / "thread")
+    job = _job(tmp_path, 5)
+    here = pack_row(on_thread, tmp_path / "thread", job.sample, job.directory, Expectations(EXPECT))
+    assert here.written == packed.written  # size and checksum
+    assert fmt.sample_path(5).read_bytes() == on_thread.sample_path(5).read_bytes()
+
+
+def test_an_error_in_a_process_comes_back_whole_and_the_process_stays(packer: PackProcesses, tmp_path: Path) -> None:
+    job = _job(tmp_path, 6, sent=list(range(2, TOKENS + 2)))  # the dump holds other ids than were sent
+    with pytest.raises(DumpError, match="differ from the 12 sent") as caught:
+        packer.pack(job)
+    assert caught.value.reason is ErrorReason.TOKEN_MISMATCH and caught.value.retryable
+    assert packer.idle == 2
+
+
+def test_with_every_process_busy_the_row_is_handed_back(tmp_path: Path) -> None:
+    before = _pack_processes()  # the module's packer's
+    starting = PackProcesses(1, open_format("specforge", tmp_path / "out"), tmp_path / "out")
+    try:
+        assert starting.pack(_job(tmp_path, 7)) is None  # still importing: the row's own thread packs it
+        assert (tmp_path / f"hsx-{7:09d}-n{TOKENS}").exists()  # untouched
+    finally:
+        starting.close()
+    assert sorted(_pack_processes()) == sorted(before)  # close ended it, started or not
+
+
+def test_a_killed_process_fails_its_row_retried_and_another_takes_its_place(packer: PackProcesses, tmp_path: Path) -> None:
+    victim = _pack_processes()[0]
+    os.kill(victim, signal.SIGKILL)
+    outcomes: list[object] = []
+    for row in (8, 9):  # the queue hands out both processes in turn: one of them is the dead one
+        try:
+            outcomes.append(packer.pack(_job(tmp_path, row)))
+        except PackProcessError as exc:
+            assert exc.retryable and exc.reason is ErrorReason.PACK_PROCESS_ENDED
+            assert f"pack process {victim} ended (exit code -9) while it packed row {row}" in str(exc)
+            outcomes.append(exc)
+    assert sum(isinstance(o, PackProcessError) for o in outcomes) == 1
+    assert packer.idle == 2 and len(_pack_processes()) == 2  # the replacement started before the error went on
+    assert packer.pack(_job(tmp_path, 10)) is not None
+
+
+def test_a_sigterm_to_the_group_does_not_end_a_process(packer: PackProcesses, tmp_path: Path) -> None:
+    """A service manager's stop signals every process of the unit; the run ends its processes itself."""
+    processes = _pack_processes()
+    assert len(processes) == 2
+    for pid in processes:
+        os.kill(pid, signal.SIGTERM)
+    time.sleep(0.5)
+    assert sorted(_pack_processes()) == sorted(processes)
+    assert packer.pack(_job(tmp_path, 11)) is not None and packer.pack(_job(tmp_path, 12)) is not None
