@@ -142,7 +142,9 @@ def _check_fp8(dump: Dump, tokens: int, expect: DumpExpectation) -> None:
             f"dump {dump.rid} hidden_states_scales is {scales.dtype} {tuple(scales.shape)}, expected float32 {(tokens, 1, 1)}",
         )
     if expect.dtype is not None and dump.meta.dtype != expect.dtype:
-        raise DumpError(ErrorReason.DTYPE_MISMATCH, f"dump {dump.rid} was computed in {dump.meta.dtype}, expected {expect.dtype}")
+        raise DumpError(
+            ErrorReason.DTYPE_MISMATCH, f"dump {dump.rid} was computed in {dump.meta.dtype}, expected {expect.dtype}"
+        )
     if expect.need_final_prenorm and dump.meta.final_slot != FINAL_SLOT_PRENORM:
         raise DumpError(
             ErrorReason.MISSING_FINAL_PRENORM,

@@ -115,14 +115,20 @@ class SpecForgeFormat(OutputFormat):
     def write_trainer_files(cls, trainer: dict[str, Any], output: Path, model: str) -> None:
         atomic_write_bytes(Path(output) / SPECFORGE_RUN_CONFIG, specforge_run_config(trainer, output, model).encode())
 
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        _skip_zip_crc()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # unpickled in a pack process, never constructed there: its files must be the bytes a row thread's are
+        self.__dict__.update(state)
+        _skip_zip_crc()
+
     def sample_path(self, row: int) -> Path:
         group = row // ROWS_PER_DIR * ROWS_PER_DIR
         return self.root / f"rows_{group}-{group + ROWS_PER_DIR}" / f"data_{row}.ckpt"
 
     def write_sample(self, sample: Sample, dump: Dump) -> WrittenFile:
-        # per write, not per instance: a format unpickled in a pack process was never constructed there, and its
-        # files must be the bytes a row thread's are
-        _skip_zip_crc()
         tokens = dump.input_ids.shape[0]
         # [T, K, H] contiguous: its [1, T, K*H] view is the concatenation
         aux, final = dump.plain_states("the specforge writer")
