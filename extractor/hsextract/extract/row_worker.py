@@ -35,9 +35,9 @@ from hsextract.errors import (
     SpotCheckMismatchError,
     TransientServerError,
 )
-from hsextract.extract.checks.dump_checks import Expectations
+from hsextract.extract.checks.dump_checks import DumpExpectation, Expectations
 from hsextract.extract.checks.spot_check import SpotChecker
-from hsextract.extract.config import ExtractConfig
+from hsextract.extract.config import PACK_PROCESS_MAX_ROW_BYTES, ExtractConfig
 from hsextract.extract.ledger import Ledger
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.pack_processes import PackProcesses
@@ -60,6 +60,12 @@ MAX_POLL_S = 0.1
 RID_RELEASE_TIMEOUT_S = 60.0
 #: waiting for a dump after the answer (normally milliseconds): how often to check the server is still up
 LIVENESS_PROBE_S = 10.0
+
+
+def _small(expect: DumpExpectation, tokens: int) -> bool:
+    """Whether a dump of ``tokens`` tokens is small enough for a pack process (PACK_PROCESS_MAX_ROW_BYTES says why)."""
+    size = expect.dump_bytes(tokens)
+    return size is not None and size <= PACK_PROCESS_MAX_ROW_BYTES
 
 
 class _Resend(Exception):
@@ -169,10 +175,10 @@ class RowWorker:
 
     # -- packing --------------------------------------------------------------------------------------
     def _pack(self, sample: Sample, directory: Path) -> Packed:
-        """Read, check and write the row's complete dump: in an idle pack process when the run has one (and knows
-        what every dump must be), else on this thread."""
+        """Read, check and write the row's complete dump: in an idle pack process when the run has one, knows what
+        every dump must be and the dump is small (PACK_PROCESS_MAX_ROW_BYTES), else on this thread."""
         expect = self.expectations.known()
-        if self.packer is not None and expect is not None:
+        if self.packer is not None and expect is not None and _small(expect, len(sample.input_ids)):
             packed = self.packer.pack(PackJob(sample, directory, expect, syncs=syncs_enabled()))
             if packed is not None:
                 self.metrics.packed_in_process.inc()
