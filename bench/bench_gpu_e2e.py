@@ -447,6 +447,8 @@ def start_server(
         command += ["--chunked-prefill-size", str(args.chunked_prefill_size)]
     if args.layer_ids:  # a model too shallow for the default three (--layers 4)
         command += ["--layer-ids", args.layer_ids]
+    if getattr(args, "cuda_graphs", None) is not None:  # other benchmarks' arguments may not have it
+        command += ["--cuda-graphs", args.cuda_graphs]
     with open(log_path, "wb") as server_log:
         server = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT)
     return server, f"http://127.0.0.1:{port}"
@@ -647,6 +649,7 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_CONCURRENCY,
         help="extractor requests in flight (default: the CLI's, %(default)s)",
     )
+    add("--cuda-graphs", choices=["auto", "on", "off"], default=None, help="the server's --cuda-graphs (default: its own)")
     add("--pack-processes", type=int, default=None, help="the extractor's pack processes (default: the CLI's)")
     add("--hidden", type=int, default=4096)
     add("--intermediate", type=int, default=14336)

@@ -124,3 +124,30 @@ def test_an_explicit_choice_is_one_setting_away(model_dir, start_server, tmp_pat
     states, _ = reference_states(model, stored.input_ids)
     for k, layer_id in enumerate([2, 4, 5]):
         assert_matches_own_index(f"aux {layer_id}", stored.aux_hidden_states[:, k], states, layer_id + 1)
+
+
+def test_batches_padded_to_a_graph_bucket_dump_the_same_states(model_dir, start_server, tmp_path: Path, monkeypatch) -> None:
+    """On a GPU a small model's batches run padded to a CUDA graph's bucket: extra pad columns to a multiple of
+    LENGTH_STEP and whole pad rows to a power of two (capture/embedded/forward_graphs.py). Here, on the CPU, the
+    engine pads its batches the same way and runs them eagerly, as it does on a GPU once MAX_GRAPHS are captured:
+    every real token's states must still be the unbatched forward's, at their own layer."""
+    from hsextract.capture.embedded import forward_graphs
+
+    monkeypatch.setattr(forward_graphs, "MAX_GRAPHS", 0)
+    model = model_dir("llama")
+    server = start_server(model, max_batch_tokens=4096)
+    engine = server.engine
+    engine.graphs = forward_graphs.ForwardGraphs(engine._eager_forward, [*engine.capture, -1], engine.device)
+    dataset = make_sample_data(tmp_path / "data.jsonl", num=6, vocab_size=1024, seed=5, max_len=200)
+    summary = run_extraction(server.url, dataset, tmp_path / "out", concurrency=6, max_seq_len=300)
+    assert summary.status == "complete" and summary.total_samples == 6
+    tokens, padded = engine.clock.tokens._value.get(), engine.clock.padded_tokens._value.get()
+    assert padded >= tokens + forward_graphs.LENGTH_STEP  # the batches really ran padded to their buckets
+    fmt = open_format("specforge", tmp_path / "out")
+    aux_ids = json.loads((tmp_path / "out" / "data_config.json").read_text())["aux_layer_ids"]
+    for row in range(6):
+        stored = fmt.read_sample(row)
+        states, _ = reference_states(model, stored.input_ids)
+        for k, layer_id in enumerate(aux_ids):
+            assert_matches_own_index(f"row {row} aux layer {layer_id}", stored.aux_hidden_states[:, k], states, layer_id + 1)
+        assert deviation(stored.final_hidden_state, states[-1]) < TOLERANCE

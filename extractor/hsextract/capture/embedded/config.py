@@ -38,6 +38,12 @@ class ServeConfig(StrictConfig):
         description="KV token budget of generation (max_new_tokens > 0), padding included: requests beyond it wait",
     )
     max_running_requests: int = Field(128, gt=0, description="generation requests decoding together at most")
+    cuda_graphs: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="run the batched prompt forwards as CUDA graphs, one per padded shape, on a GPU (auto: for models of "
+        "at most 100 M parameters outside the embeddings, whose launch takes longer than their forward; see "
+        "capture/embedded/forward_graphs.py)",
+    )
     cudnn_attention: bool = Field(
         False,
         description="let PyTorch pick its cuDNN attention kernel on a GPU (off by default: it builds an execution plan "

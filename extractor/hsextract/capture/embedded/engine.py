@@ -36,9 +36,10 @@ import torch
 
 from hsextract import __version__
 from hsextract.capture.dump_sink import DumpSink, ExtendBatch, Fp8Rows, Segment
-from hsextract.capture.embedded.batching import padded_tokens, pick_batch
+from hsextract.capture.embedded.batching import pick_batch
 from hsextract.capture.embedded.config import ServeConfig
 from hsextract.capture.embedded.decode import DecodeScheduler
+from hsextract.capture.embedded.forward_graphs import ForwardGraphs, bucket, non_embedding_parameters, use_graphs
 from hsextract.capture.embedded.inbox import drain_inbox
 from hsextract.capture.embedded.kv_batch import throwaway_cache
 from hsextract.capture.embedded.request import EngineRequest
@@ -121,6 +122,11 @@ class Engine:
         # forwards and the spot checks' run at the same time.
         self._prenorms = threading.local()
         self.base.norm.register_forward_hook(self._grab_prenorm)
+        # small models: the batched forward as CUDA graphs (forward_graphs.py says when and why)
+        self.cuda_graphs = config.cuda_graphs
+        self.graphs: ForwardGraphs | None = None
+        if use_graphs(config.cuda_graphs, self.cuda, non_embedding_parameters(self.base)):
+            self.graphs = ForwardGraphs(self._eager_forward, [*self.capture, -1], self.device)
         self.sink: DumpSink | None = None
         if dump:
             self.sink = DumpSink(
@@ -212,6 +218,11 @@ class Engine:
             "max_total_tokens": self.decoder.max_total_tokens,
             "max_running_requests": self.decoder.max_running_requests,
             "context_length": self.decoder.context_length,
+            "cuda_graphs": {
+                "setting": self.cuda_graphs,
+                "in_use": self.graphs is not None and self.graphs.enabled,
+                "captured": 0 if self.graphs is None else self.graphs.captured,
+            },
         }
 
     @property
@@ -308,27 +319,36 @@ class Engine:
                 if not request.future.done():
                     request.future.set_exception(exc)
 
+    def _eager_forward(self, ids: torch.Tensor) -> tuple[Sequence[torch.Tensor], torch.Tensor | None]:
+        """The batched forward of padded ``ids`` on the device: transformers' hidden states and the pre-norm state."""
+        out = self.base(input_ids=ids, output_hidden_states=True, **{self._cache_kwarg: throwaway_cache(self.config)})
+        return out.hidden_states, self._take_prenorm()
+
     @torch.inference_mode()
     def _forward_batch(self, requests: list[EngineRequest]) -> None:
         lengths = [len(r.input_ids) for r in requests]
         longest, count = max(lengths), len(requests)
-        # Right padding: causal attention keeps real tokens from seeing the pad, positions stay 0..L-1.
-        ids = torch.zeros((count, longest), dtype=torch.int64, pin_memory=self.cuda)
+        graphed = self.graphs is not None and self.graphs.enabled
+        shape = bucket(count, longest, self.max_batch_tokens) if graphed else None
+        padded_rows, padded_length = shape if shape is not None else (count, longest)
+        # Right padding (and, for a graph's bucket, whole rows of it): causal attention keeps real tokens from
+        # seeing the pad, positions stay 0..L-1.
+        ids = torch.zeros((padded_rows, padded_length), dtype=torch.int64, pin_memory=self.cuda)
         for slot, request in enumerate(requests):
             ids[slot, : lengths[slot]] = torch.tensor(request.input_ids, dtype=torch.int64)
         now = time.monotonic()
         for request in requests:
             self.clock.observe("queue", now - request.arrived)
         self.clock.tokens.inc(sum(lengths))
-        self.clock.padded_tokens.inc(padded_tokens(lengths))
+        self.clock.padded_tokens.inc(padded_rows * padded_length)
         began, started = self._mark()
-        out = self.base(
-            input_ids=ids.to(self.device, non_blocking=True),
-            output_hidden_states=True,
-            **{self._cache_kwarg: throwaway_cache(self.config)},
-        )
+        replayed = self.graphs.run(ids) if shape is not None and self.graphs is not None else None
+        states: Sequence[torch.Tensor]
+        if replayed is not None:
+            states, prenorm = replayed  # a graph's own outputs: gathered below, before its next replay
+        else:
+            states, prenorm = self._eager_forward(ids.to(self.device, non_blocking=True))
         self.clock.observe("launch", time.perf_counter() - began)
-        states, prenorm = out.hidden_states, self._take_prenorm()
         plain = [i for i, r in enumerate(requests) if r.storage is None]
         fp8 = [i for i, r in enumerate(requests) if r.storage is not None]
         segments: list[Segment] = []
@@ -340,14 +360,15 @@ class Engine:
                 row += lengths[i]
 
         def picker(members: list[int]) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]:
-            """The rows of ``members`` (request indexes) from a padded ``[count, longest, ...]`` tensor."""
-            index: torch.Tensor | None = None  # None: every row is real and wanted
-            if len(members) != count or any(length != longest for length in lengths):
-                positions = [i * longest + p for i in members for p in range(lengths[i])]
+            """The rows of ``members`` (request indexes) from a padded ``[padded_rows, padded_length, ...]`` tensor."""
+            index: torch.Tensor | None = None  # None: every row is real and wanted, and the tensors are this batch's own
+            whole = len(members) == padded_rows and all(length == padded_length for length in lengths)
+            if replayed is not None or not whole:
+                positions = [i * padded_length + p for i in members for p in range(lengths[i])]
                 index = torch.tensor(positions, dtype=torch.int64, pin_memory=self.cuda).to(self.device, non_blocking=True)
 
             def rows(tensor: torch.Tensor) -> torch.Tensor:
-                flat = tensor.reshape(count * longest, -1)
+                flat = tensor.reshape(padded_rows * padded_length, -1)
                 return flat if index is None else flat.index_select(0, index)
 
             flat_ids = ids.reshape(-1) if index is None else torch.cat([ids[i, : lengths[i]] for i in members])
