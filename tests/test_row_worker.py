@@ -213,9 +213,9 @@ def test_a_server_killed_after_answering_is_noticed_while_the_row_waits_for_its_
 def test_a_small_dump_is_packed_in_a_process_and_a_large_one_on_its_own_thread(
     run_row, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, largest: int
 ) -> None:
-    """The row's dump is 10 tokens x 4 float32 states of 8 (1360 bytes with its ids). On one H200 the wide
-    model's 35 MB rows went 0.81x as fast in pack processes (torch's single-threaded copies and checks there,
-    where the request threads copy in parallel without the interpreter lock): large rows stay on their thread."""
+    """The row's dump is 10 tokens x 4 float32 states of 8 (1360 bytes with its ids). A process saves per-row
+    Python; a large row's copies and checks run in parallel on the request threads, one torch thread in a process
+    (extract/config.py, PACK_PROCESS_MAX_ROW_BYTES): it stays on its thread."""
     monkeypatch.setattr(row_worker, "PACK_PROCESS_MAX_ROW_BYTES", largest)
     out = tmp_path / "out"
     packer = PackProcesses(1, open_format("specforge", out), out)

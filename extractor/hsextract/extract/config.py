@@ -21,9 +21,10 @@ from hsextract.output.formats import DEFAULT_FORMAT, FORMAT_NAMES
 #: pack processes (``pack_processes`` unset) only for runs with this many rows to do: a process takes a second or
 #: more to start (it imports torch), which a short run would spend for nothing
 PACK_PROCESSES_FROM_ROWS = 512
-#: rows whose dump is larger go to no pack process: their time is copies (which let go of the interpreter lock, so the
-#: request threads do them in parallel) and torch's threaded checks, not per-row Python. On one H200 a 4-layer
-#: hidden-4096 model's 35 MB rows went 0.81x as fast with 4 processes, short rows of 1.7 MB 1.66x as fast
+#: rows whose dump is larger go to no pack process. What a process saves is per-row Python under the request threads'
+#: one interpreter lock (short rows of 1.7 MB went 1.66x as fast with 4 processes on one H200); a large row's time is
+#: copies and checks, which the threads already run in parallel (they let go of the lock) and a process runs on one
+#: torch thread. The large rows' own pair is not measured yet (bench/results-gpu-e2e-graphs.json, call 4)
 PACK_PROCESS_MAX_ROW_BYTES = 8 << 20
 
 if TYPE_CHECKING:

@@ -42,6 +42,7 @@ from hsextract.capture.embedded.decode import DecodeScheduler
 from hsextract.capture.embedded.forward_graphs import ForwardGraphs, bucket, non_embedding_parameters, use_graphs
 from hsextract.capture.embedded.inbox import drain_inbox
 from hsextract.capture.embedded.kv_batch import throwaway_cache
+from hsextract.capture.embedded.padded_batch import PaddedBatch
 from hsextract.capture.embedded.request import EngineRequest
 from hsextract.capture.embedded.unbatched import CheckThread, answer_alone, move_spot_checks, recorded_event
 from hsextract.capture.pinned import HostCopier
@@ -327,20 +328,15 @@ class Engine:
     @torch.inference_mode()
     def _forward_batch(self, requests: list[EngineRequest]) -> None:
         lengths = [len(r.input_ids) for r in requests]
-        longest, count = max(lengths), len(requests)
         graphed = self.graphs is not None and self.graphs.enabled
-        shape = bucket(count, longest, self.max_batch_tokens) if graphed else None
-        padded_rows, padded_length = shape if shape is not None else (count, longest)
-        # Right padding (and, for a graph's bucket, whole rows of it): causal attention keeps real tokens from
-        # seeing the pad, positions stay 0..L-1.
-        ids = torch.zeros((padded_rows, padded_length), dtype=torch.int64, pin_memory=self.cuda)
-        for slot, request in enumerate(requests):
-            ids[slot, : lengths[slot]] = torch.tensor(request.input_ids, dtype=torch.int64)
+        shape = bucket(len(requests), max(lengths), self.max_batch_tokens) if graphed else None
+        batch = PaddedBatch.of([r.input_ids for r in requests], shape, pin=self.cuda)
+        ids = batch.ids
         now = time.monotonic()
         for request in requests:
             self.clock.observe("queue", now - request.arrived)
         self.clock.tokens.inc(sum(lengths))
-        self.clock.padded_tokens.inc(padded_rows * padded_length)
+        self.clock.padded_tokens.inc(batch.slots)
         began, started = self._mark()
         replayed = self.graphs.run(ids) if shape is not None and self.graphs is not None else None
         states: Sequence[torch.Tensor]
@@ -358,30 +354,15 @@ class Engine:
                 request = requests[i]
                 segments.append(Segment(request.rid, 0, row, lengths[i], request.final_prenorm, request.storage))
                 row += lengths[i]
-
-        def picker(members: list[int]) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]:
-            """The rows of ``members`` (request indexes) from a padded ``[padded_rows, padded_length, ...]`` tensor."""
-            index: torch.Tensor | None = None  # None: every row is real and wanted, and the tensors are this batch's own
-            whole = len(members) == padded_rows and all(length == padded_length for length in lengths)
-            if replayed is not None or not whole:
-                positions = [i * padded_length + p for i in members for p in range(lengths[i])]
-                index = torch.tensor(positions, dtype=torch.int64, pin_memory=self.cuda).to(self.device, non_blocking=True)
-
-            def rows(tensor: torch.Tensor) -> torch.Tensor:
-                flat = tensor.reshape(padded_rows * padded_length, -1)
-                return flat if index is None else flat.index_select(0, index)
-
-            flat_ids = ids.reshape(-1) if index is None else torch.cat([ids[i, : lengths[i]] for i in members])
-            return rows, flat_ids
-
+        own = replayed is None  # a graph's outputs are overwritten by its next replay: rows are copied out of them
         if plain:
-            rows, flat_ids = picker(plain)
+            rows, flat_ids = batch.picker(plain, self.device, own)
             gathered = self._gather(rows, states, prenorm, any(requests[i].final_prenorm for i in plain))
         else:
             flat_ids, gathered = ids.new_empty(0), self._no_rows(states[-1])
         fp8_rows = None
         if fp8:
-            rows, fp8_ids = picker(fp8)
+            rows, fp8_ids = batch.picker(fp8, self.device, own)
             slots = [requests[i].final_prenorm for i in fp8 for _ in range(lengths[i])]
             fp8_rows = self._gather_fp8(rows, fp8_ids, states, prenorm, slots)
         self._emit(_Rows(segments, flat_ids, *gathered, fp8=fp8_rows), requests, began, started)

@@ -1,0 +1,57 @@
+"""A batch of whole prompts as one right-padded ``[rows, length]`` id tensor, and each request's real rows picked
+back out of the forward's ``[rows, length, ...]`` outputs.
+
+Right padding, and for a CUDA graph's bucket whole rows of it (``forward_graphs.bucket``): causal attention keeps
+every real token from seeing the pad, and positions stay 0..L-1, so a request's states are its states alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+#: the rows of some requests from a padded ``[rows, length, ...]`` tensor, as ``[n, ...]``
+Rows = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class PaddedBatch:
+    ids: torch.Tensor  # [padded rows, padded length] int64 on the host (pinned for a GPU), pad 0
+    lengths: list[int]  # each request's tokens, in batch order
+
+    @classmethod
+    def of(cls, prompts: Sequence[Sequence[int]], shape: tuple[int, int] | None = None, pin: bool = False) -> PaddedBatch:
+        """``prompts`` right-padded to ``shape`` (rows, length), or to their own count and longest length."""
+        lengths = [len(p) for p in prompts]
+        rows, length = shape if shape is not None else (len(prompts), max(lengths))
+        ids = torch.zeros((rows, length), dtype=torch.int64, pin_memory=pin)
+        for slot, prompt in enumerate(prompts):
+            ids[slot, : lengths[slot]] = torch.tensor(prompt, dtype=torch.int64)
+        return cls(ids, lengths)
+
+    @property
+    def slots(self) -> int:
+        """Token slots the forward computes, padding included."""
+        return int(self.ids.numel())
+
+    def picker(self, members: list[int], device: torch.device, own_outputs: bool = True) -> tuple[Rows, torch.Tensor]:
+        """How to take the rows of ``members`` (request indexes) from the forward's outputs, and their ids ``[n]``.
+        ``own_outputs`` False: the outputs are a CUDA graph's, overwritten by its next replay, so the rows are
+        always copied out (``index_select``), never handed on as a view."""
+        padded_rows, padded_length = (int(n) for n in self.ids.shape)
+        lengths = self.lengths
+        index: torch.Tensor | None = None  # None: every row is real and wanted, and the outputs are this batch's own
+        whole = len(members) == padded_rows and all(lengths[i] == padded_length for i in members)
+        if not (own_outputs and whole):
+            positions = [i * padded_length + p for i in members for p in range(lengths[i])]
+            pinned = self.ids.is_pinned()
+            index = torch.tensor(positions, dtype=torch.int64, pin_memory=pinned).to(device, non_blocking=True)
+
+        def rows(tensor: torch.Tensor) -> torch.Tensor:
+            flat = tensor.reshape(padded_rows * padded_length, -1)
+            return flat if index is None else flat.index_select(0, index)
+
+        ids = self.ids.reshape(-1) if index is None else torch.cat([self.ids[i, : lengths[i]] for i in members])
+        return rows, ids

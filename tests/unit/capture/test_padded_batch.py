@@ -1,0 +1,34 @@
+"""A batch of prompts right-padded into one id tensor, and each request's rows picked back out (padded_batch.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from hsextract.capture.embedded.padded_batch import PaddedBatch
+
+CPU = torch.device("cpu")
+
+
+def test_prompts_are_right_padded_to_their_longest_or_to_a_bucket() -> None:
+    batch = PaddedBatch.of([[5, 6, 7], [8]])
+    assert batch.ids.tolist() == [[5, 6, 7], [8, 0, 0]] and batch.slots == 6
+    bucketed = PaddedBatch.of([[5, 6, 7], [8]], shape=(4, 5))
+    assert bucketed.ids.tolist() == [[5, 6, 7, 0, 0], [8, 0, 0, 0, 0], [0] * 5, [0] * 5] and bucketed.slots == 20
+
+
+def test_each_requests_rows_come_back_from_a_padded_output_in_batch_order() -> None:
+    batch = PaddedBatch.of([[5, 6, 7], [8], [9, 10]], shape=(4, 4))
+    output = torch.arange(16 * 2).reshape(4, 4, 2)  # [rows, length, hidden]: position (r, p) holds 8r + 2p, +1
+    rows, ids = batch.picker([2, 0], CPU)
+    assert ids.tolist() == [9, 10, 5, 6, 7]
+    assert rows(output).tolist() == [[16, 17], [18, 19], [0, 1], [2, 3], [4, 5]]
+
+
+def test_a_whole_batch_of_its_own_outputs_is_handed_on_as_it_is_and_a_graphs_outputs_are_copied() -> None:
+    batch = PaddedBatch.of([[1, 2], [3, 4]])
+    output = torch.randn(2, 2, 3)
+    rows, ids = batch.picker([0, 1], CPU)
+    assert ids.tolist() == [1, 2, 3, 4] and rows(output).data_ptr() == output.data_ptr()  # no copy needed
+    rows, _ = batch.picker([0, 1], CPU, own_outputs=False)  # the next replay overwrites them: copied out
+    picked = rows(output)
+    assert picked.data_ptr() != output.data_ptr() and torch.equal(picked, output.reshape(4, 3))
