@@ -96,6 +96,7 @@ bench-gpu:  ## on a GPU host: the SGLang hook's forward-thread hold time and dum
 # SOAK=1: the soak mode instead (issue 16): back-to-back runs per --max-batch-tokens, stalls counted; bench/results-gpu-soak.json
 # FP8=1: the speculators format stored as bf16 and as FP8 side by side (issue 17); bench/results-gpu-fp8.json
 # BENCH_ARGS="--sync-pairs 3": also (s), the power-loss fsyncs' cost (runs of (b) with and without them, issue 36)
+# BENCH_ARGS="--pack-pairs 2": also (p), pack processes against the row threads alone (runs of (c) in alternating order, issue 37)
 # LAYERS=4 HIDDEN=4096 LAYER_IDS=0,1,2: the model's shape and the server's aux layers (each ceiling one command)
 E2E_SHAPE = $(if $(LAYERS),--layers $(LAYERS)) $(if $(HIDDEN),--hidden $(HIDDEN)) $(if $(LAYER_IDS),--layer-ids $(LAYER_IDS))
 bench-gpu-e2e:  ## on a GPU host: serve + extract of an 8B-shaped model against its own forward (SOAK=1: back-to-back runs; FP8=1: bf16 vs FP8)

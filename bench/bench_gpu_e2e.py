@@ -21,6 +21,8 @@ Then, in one run:
 (d) ``disk_write``: the disk's limit (``plain_write``): the same files' sizes (from (b)'s samples.jsonl)
     written to --disk-dir by ``DISK_LIMIT_THREADS`` threads, each file fsynced as the extractor syncs
     its samples, in tokens/s.
+(p) ``pack_pairs`` (with --pack-pairs N): N pairs of (c) on the row threads only and with pack processes, in
+    alternating order, and the rate ratio per pair and its median.
 (s) ``sync_cost`` (with --sync-pairs N): N pairs of (b) with the extractor's power-loss fsyncs and with every
     fsync a no-op (``hsextract.api.syncs_off``), interleaved: the rate ratio per pair and its median
     (target >= 0.97), and the workers' share of time waiting for their samples' fsyncs.
@@ -423,6 +425,30 @@ def sync_cost(url: str, data: Path, disk: Path, args: argparse.Namespace, expect
     }
 
 
+def pack_pairs(url: str, data: Path, tmpfs: Path, args: argparse.Namespace, expected_tokens: int) -> dict[str, Any]:
+    """(p): --pack-pairs pairs of (c) on the row threads only (--pack-processes 0) and with pack processes (the
+    --pack-processes given, else the CLI's default), in alternating order: on one machine each later run can be
+    slower whatever it runs (bench/results-gpu-e2e-graphs.json, call 4), which a fixed order would credit to one arm."""
+    arms = {"threads": 0, "processes": args.pack_processes}
+    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
+    order: list[str] = []
+    for pair in range(args.pack_pairs):
+        for arm in ("threads", "processes") if pair % 2 == 0 else ("processes", "threads"):
+            order.append(arm)
+            arm_args = argparse.Namespace(**{**vars(args), "pack_processes": arms[arm]})
+            runs[arm].append(extract(url, data, tmpfs / "pack-out", arm_args, expected_tokens))
+            shutil.rmtree(tmpfs / "pack-out")
+    ratios = [p["tokens_per_s"] / t["tokens_per_s"] for p, t in zip(runs["processes"], runs["threads"], strict=True)]
+    return {
+        "processes_vs_threads_rate_ratio": statistics.median(ratios),
+        "pair_ratios": ratios,
+        "order": order,
+        "pack_processes": runs["processes"][0]["pack_processes"],
+        **{f"{arm}_tokens_per_s": [run["tokens_per_s"] for run in arm_runs] for arm, arm_runs in runs.items()},
+        **{f"{arm}_packed_in_process": [run["packed_in_process"] for run in arm_runs] for arm, arm_runs in runs.items()},
+    }
+
+
 def start_server(
     model_dir: Path, dump_dir: Path, args: argparse.Namespace, log_path: Path
 ) -> tuple[subprocess.Popen[bytes], str]:
@@ -699,6 +725,8 @@ def parse_args() -> argparse.Namespace:
     add("--max-batch-tokens", type=int, default=16384, help="token budget of one forward, (a) and the server")
     add("--reference-rows", type=int, default=8, help="rows of (c)'s output compared with a plain forward")
     add("--skip", default="", help="comma-separated phases to skip: a,b,c,d,ref")
+    add("--pack-pairs", type=int, default=0, help="(p): pairs of (c) without and with pack processes (--pack-processes, "
+        "else the CLI's default), in alternating order (default: 0, none)")
     add("--sync-pairs", type=int, default=0, help="(s): pairs of (b) with and without the power-loss fsyncs "
         "(hsextract.api.syncs_off), interleaved; the rate ratio's target >= 0.97 (default: 0, not run)")  # fmt: skip
     add("--py-spy", default="", help="a py-spy binary: profile the server and the extractor during (b) and (c), "
@@ -805,6 +833,10 @@ def main() -> int:
                 results.update(reference_bf16=reference_bf16(model, tmpfs / "out", args.reference_rows, aux_ids, device))
                 log.info("bf16 reference: %s", results.data["reference_bf16"])
             shutil.rmtree(tmpfs / "out")
+        if args.pack_pairs:
+            phases["p_pack_pairs"] = pack_pairs(url, data, tmpfs, args, tokens)
+            log.info("(p) pack processes vs threads: %.3f", phases["p_pack_pairs"]["processes_vs_threads_rate_ratio"])
+            results.update(phases=phases)
         if "d" not in skip:
             phases["d_disk_write"] = plain_write(disk / "plain", sizes, tokens)
             log.info("(d) plain write: %.2f GB/s", phases["d_disk_write"]["gb_per_s"])
