@@ -47,7 +47,7 @@ class StageClock:
         self.batches = Counter("hsextract_server_batches", "Forward passes run (batches and prefill chunks)", registry=r)
         self.tokens = Counter("hsextract_server_tokens", "Prompt tokens forwarded", registry=r)
         self.padded_tokens = Counter(
-            "hsextract_server_padded_tokens", "Token slots forwarded including right padding", registry=r
+            "hsextract_server_padded_tokens", "Token slots forwarded, padding included (a CUDA graph bucket's too)", registry=r
         )
         self.dumps = Counter("hsextract_server_dumps", "Dumps written", registry=r)
         self.dump_bytes = Counter("hsextract_server_dump_bytes", "Bytes of hidden.safetensors written", registry=r)
