@@ -76,7 +76,9 @@ class ExtendBatch:
     ``ready`` (a CUDA event or anything with ``synchronize()``) is waited on before reading;
     ``spans`` are ``(stage, start, end)`` CUDA event pairs timed once ``ready`` has passed;
     ``release`` is called once the tensors are no longer needed (returns a pinned buffer), then
-    ``on_complete`` once every dump this batch completed is written (or marked failed).
+    ``on_complete`` once every dump this batch completed is written (or marked failed); by then ``failed``
+    names each rid whose dump could not be written, and why (its ``error`` marker may not have been
+    written either: a full filesystem takes both).
     """
 
     segments: Sequence[Segment]
@@ -89,6 +91,7 @@ class ExtendBatch:
     spans: Sequence[tuple[str, Any, Any]] = ()
     on_complete: Callable[[], None] | None = None
     fp8: Fp8Rows | None = None
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -200,7 +203,9 @@ class DumpSink:
 
         def one(write: _Write) -> None:
             try:
-                self._write(write)
+                reason = self._write(write)
+                if reason is not None:
+                    batch.failed[write.rid] = reason
             finally:
                 with left_lock:
                     left[0] -= 1
@@ -282,7 +287,8 @@ class DumpSink:
         return _Write(name, pending.tensors, pending.fp8, pending.chunks)
 
     # -- writer threads ---------------------------------------------------------------------------
-    def _write(self, write: _Write) -> None:
+    def _write(self, write: _Write) -> str | None:
+        """Write one dump; the reason it could not be, if it could not (an ``error`` marker says so too)."""
         started = time.perf_counter()
         t = write.tensors
         try:
@@ -303,11 +309,13 @@ class DumpSink:
                 write_dump(self.root, write.rid, t["input_ids"], t["aux"], t["final"], self.source, prenorm, write.chunks)
         except Exception as exc:  # disk full, permissions: report through the marker, keep serving
             log.error("writing dump %s failed: %s", write.rid, exc)
-            self._mark_failed(write.rid, f"writing the dump failed: {exc}")
-            return
+            reason = f"writing the dump failed: {exc}"
+            self._mark_failed(write.rid, reason)
+            return reason
         self.clock.observe("dump_write", time.perf_counter() - started)
         self.clock.dumps.inc()
         self.clock.dump_bytes.inc(sum(x.numel() * x.element_size() for x in t.values()))
+        return None
 
     def _fail(self, rid: str, reason: str) -> None:
         self._pending.pop(rid, None)

@@ -280,9 +280,14 @@ class RowWorker:
             raise _Resend
         try:
             pending.result()
-        except TransientServerError:
-            if dump_state(directory) is DumpState.DONE:  # the request failed, but its dump is complete
+        except TransientServerError as exc:
+            state = dump_state(directory)
+            if state is DumpState.DONE:  # the request failed, but its dump is complete
                 return
+            if state is DumpState.ERROR:
+                raise self._server_dump_error(directory) from exc
+            if disk_full_text(str(exc)):  # the embedded server's answer: a full filesystem took the marker too
+                raise self._server_dump_error(directory, str(exc)) from exc
             raise
         self.metrics.server_up.set(1)
         with self.metrics.stage("wait_dump"):
@@ -319,8 +324,9 @@ class RowWorker:
             delay = min(delay * 2, 0.05)
 
     @staticmethod
-    def _server_dump_error(directory: Path) -> HsextractError:
-        reason = read_error(directory)
+    def _server_dump_error(directory: Path, reason: str | None = None) -> HsextractError:
+        """What the server's failed dump means: its ``error`` marker's reason, or the one its answer gave."""
+        reason = read_error(directory) if reason is None else reason
         if disk_full_text(reason):
             return DiskFullError(
                 f"the server could not write dump {directory.name}: its dump filesystem ({directory.parent}) is "

@@ -56,7 +56,8 @@ from hsextract.contract.model_config import check_model_dir
 from hsextract.contract.model_fingerprint import model_fingerprint
 from hsextract.contract.server_info import ServerInfo
 from hsextract.contract.spot_check import SpotCheckAnswer
-from hsextract.errors import ConfigError
+from hsextract.contract.states import ErrorReason
+from hsextract.errors import ConfigError, DumpError
 
 log = logging.getLogger(__name__)
 
@@ -471,9 +472,14 @@ class Engine:
         else:
             self.clock.observe("forward", time.perf_counter() - began)
 
-        def complete() -> None:
+        def complete(failed: dict[str, str]) -> None:
             for request in answer:
-                if not request.future.done():
+                if request.future.done():
+                    continue
+                if request.rid in failed:  # answered as failed: its error marker may not exist (a full filesystem)
+                    error = DumpError(ErrorReason.SERVER_DUMP_ERROR, f"dump {request.rid}: {failed[request.rid]}")
+                    request.future.set_exception(error)
+                else:
                     request.future.set_result(self._response(request, len(request.input_ids)))
 
         wanted = self.sink is not None and any(self.sink.wants(s.rid) for s in rows.segments)
@@ -482,12 +488,12 @@ class Engine:
                 ended.synchronize()  # nothing to copy: answer once the forward is done
                 for stage, start, end in spans:
                     self.clock.observe(stage, float(start.elapsed_time(end)) / 1e3)
-            complete()
+            complete({})
             return
         batch: ExtendBatch = self.copier.copy(
             rows.segments, rows.input_ids, rows.final, rows.aux, rows.prenorm, private=True, spans=spans, fp8=rows.fp8
         )
-        batch.on_complete = complete
+        batch.on_complete = lambda: complete(batch.failed)
         self.sink.submit(batch)
 
     @staticmethod

@@ -14,8 +14,9 @@ Errors answer like SGLang, ``{"error": {"message": ..., "code": status}}``:
 - 404 no such route, 405 a route asked with the wrong method;
 - 413 a body longer than ``max_body_bytes`` (refused from its ``Content-Length`` before it is read;
   a chunked body as soon as it passes the limit); the connection is then closed;
-- 500 the forward failed; 503 a health forward failed, a request timed out, or the server is
-  shutting down and the request was still open when the grace period ended (:class:`Drain`).
+- 500 the forward failed, or its dump could not be written (the message says why); 503 a health
+  forward failed, a request timed out, or the server is shutting down and the request was still open
+  when the grace period ended (:class:`Drain`).
 
 The engine's answers are :class:`concurrent.futures.Future`; the handlers await them with
 :func:`asyncio.wrap_future`, so the event loop never blocks on a forward.
@@ -57,7 +58,7 @@ from hsextract.contract.generate import (
     wants_decoding,
 )
 from hsextract.contract.spot_check import is_spot_check
-from hsextract.errors import BadRequestError
+from hsextract.errors import BadRequestError, DumpError
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +159,8 @@ class _Routes:
             )
         except TimeoutError:
             return _error(503, f"request {parsed.rid} timed out in the embedded server")
+        except DumpError as exc:
+            return _error(500, f"the forward of {parsed.rid} ran, its dump failed: {exc}")
         except Exception as exc:
             return _error(500, f"forward failed for {parsed.rid}: {type(exc).__name__}: {exc}")
 
