@@ -472,11 +472,9 @@ class Engine:
         else:
             self.clock.observe("forward", time.perf_counter() - began)
 
-        def complete(failed: dict[str, str]) -> None:
-            for request in answer:
-                if request.future.done():
-                    continue
-                if request.rid in failed:  # answered as failed: its error marker may not exist (a full filesystem)
+        def complete(failed: dict[str, str]) -> None:  # a failed dump's error marker may be missing too (disk full)
+            for request in (r for r in answer if not r.future.done()):
+                if request.rid in failed:
                     error = DumpError(ErrorReason.SERVER_DUMP_ERROR, f"dump {request.rid}: {failed[request.rid]}")
                     request.future.set_exception(error)
                 else:
