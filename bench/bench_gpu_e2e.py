@@ -404,14 +404,21 @@ def extract(
     }
 
 
+def alternating(pairs: int, first: str, second: str) -> Iterator[str]:
+    """The arms of ``pairs`` pairs of runs, the first of each pair alternating (AB, BA, ...): on one machine each later
+    run can be slower whatever it runs (bench/results-gpu-e2e-graphs.json, call 4), which a fixed order would credit
+    to one arm."""
+    for pair in range(pairs):
+        yield from (first, second) if pair % 2 == 0 else (second, first)
+
+
 def sync_cost(url: str, data: Path, disk: Path, args: argparse.Namespace, expected_tokens: int) -> dict[str, Any]:
     """(s): --sync-pairs pairs of (b) with its power-loss fsyncs and with every fsync a no-op, interleaved."""
     runs: dict[str, list[dict[str, Any]]] = {"synced": [], "unsynced": []}
-    for pair in range(args.sync_pairs):
-        for arm in ("synced", "unsynced") if pair % 2 == 0 else ("unsynced", "synced"):
-            with syncs_off() if arm == "unsynced" else nullcontext():
-                runs[arm].append(extract(url, data, disk / "sync-out", args, expected_tokens))
-            shutil.rmtree(disk / "sync-out")
+    for arm in alternating(args.sync_pairs, "synced", "unsynced"):
+        with syncs_off() if arm == "unsynced" else nullcontext():
+            runs[arm].append(extract(url, data, disk / "sync-out", args, expected_tokens))
+        shutil.rmtree(disk / "sync-out")
     ratios = [s["tokens_per_s"] / u["tokens_per_s"] for s, u in zip(runs["synced"], runs["unsynced"], strict=True)]
     stages = [run["extractor_stage_seconds_sum"] for run in runs["synced"]]
     return {
@@ -427,17 +434,14 @@ def sync_cost(url: str, data: Path, disk: Path, args: argparse.Namespace, expect
 
 def pack_pairs(url: str, data: Path, tmpfs: Path, args: argparse.Namespace, expected_tokens: int) -> dict[str, Any]:
     """(p): --pack-pairs pairs of (c) on the row threads only (--pack-processes 0) and with pack processes (the
-    --pack-processes given, else the CLI's default), in alternating order: on one machine each later run can be
-    slower whatever it runs (bench/results-gpu-e2e-graphs.json, call 4), which a fixed order would credit to one arm."""
+    --pack-processes given, else the CLI's default), in alternating order (:func:`alternating`)."""
     arms = {"threads": 0, "processes": args.pack_processes}
     runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
-    order: list[str] = []
-    for pair in range(args.pack_pairs):
-        for arm in ("threads", "processes") if pair % 2 == 0 else ("processes", "threads"):
-            order.append(arm)
-            arm_args = argparse.Namespace(**{**vars(args), "pack_processes": arms[arm]})
-            runs[arm].append(extract(url, data, tmpfs / "pack-out", arm_args, expected_tokens))
-            shutil.rmtree(tmpfs / "pack-out")
+    order = list(alternating(args.pack_pairs, "threads", "processes"))
+    for arm in order:
+        arm_args = argparse.Namespace(**{**vars(args), "pack_processes": arms[arm]})
+        runs[arm].append(extract(url, data, tmpfs / "pack-out", arm_args, expected_tokens))
+        shutil.rmtree(tmpfs / "pack-out")
     ratios = [p["tokens_per_s"] / t["tokens_per_s"] for p, t in zip(runs["processes"], runs["threads"], strict=True)]
     return {
         "processes_vs_threads_rate_ratio": statistics.median(ratios),
