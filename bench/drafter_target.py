@@ -8,6 +8,8 @@ next-token distribution is peaked (a random-weight target's is nearly flat). So:
   no held-out line was ever seen in training.
 * ``code_conversations``: one conversation per pair of consecutive chunks of a file: the user turn
   shows a chunk and asks for what follows, the assistant turn is the next chunk.
+* ``prose_conversations``: the same over a file's prose alone (its docstrings and comments, in source
+  order): text where copying from the context helps far less than in code.
 * ``build_target``: a byte-level BPE trained on that text with the llama3 chat template
   (``hsextract.dev.tokenizer.write_tokenizer``, the ``make-tiny-model`` machinery), and a small
   Llama-shaped model trained from scratch on the rendered train conversations (next-token loss on
@@ -17,11 +19,15 @@ next-token distribution is peaked (a random-weight target's is nearly flat). So:
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import io
 import logging
 import math
+import re
 import sysconfig
 import time
+import tokenize
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,9 +91,58 @@ def code_conversations(sources: list[Source], user_lines: int, assistant_lines: 
             rows.append(
                 {
                     "source": source.path,
+                    "kind": "code",
                     "conversations": [
                         {"from": "human", "value": f"Continue {source.path}:\n{prompt}"},
                         {"from": "gpt", "value": answer},
+                    ],
+                }
+            )
+    return rows
+
+
+#: comments that are directives to a tool, not prose
+_DIRECTIVE = re.compile(r"^(!|-\*-|noqa|type:|pragma|pylint:|fmt:|mypy:|ruff:|XXX$|TODO$)", re.IGNORECASE)
+
+
+def prose_lines(text: str) -> list[str]:
+    """A file's docstrings and comments, in source order, one stripped non-empty line each
+    (tool directives and commented-out separators left out). ``[]`` for a file that does not parse."""
+    try:
+        tree = ast.parse(text)
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (SyntaxError, ValueError, tokenize.TokenError):
+        return []
+    found: list[tuple[int, list[str]]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            doc = ast.get_docstring(node, clean=True)
+            if doc and node.body:
+                found.append((node.body[0].lineno, doc.splitlines()))
+    for token in tokens:
+        if token.type == tokenize.COMMENT:
+            comment = token.string.lstrip("#").strip()
+            if comment and not _DIRECTIVE.match(comment) and any(c.isalpha() for c in comment):
+                found.append((token.start[0], [comment]))
+    found.sort(key=lambda item: item[0])
+    return [line.strip() for _, lines in found for line in lines if line.strip()]
+
+
+def prose_conversations(sources: list[Source], user_lines: int, assistant_lines: int) -> list[dict[str, Any]]:
+    """ShareGPT rows over each file's prose (:func:`prose_lines`): a chunk, then what follows it."""
+    rows: list[dict[str, Any]] = []
+    for source in sources:
+        lines = prose_lines(source.text)
+        step = user_lines + assistant_lines
+        for start in range(0, len(lines) - step + 1, step):
+            prompt, answer = lines[start : start + user_lines], lines[start + user_lines : start + step]
+            rows.append(
+                {
+                    "source": source.path,
+                    "kind": "prose",
+                    "conversations": [
+                        {"from": "human", "value": f"Continue the prose of {source.path}:\n" + "\n".join(prompt)},
+                        {"from": "gpt", "value": "\n".join(answer)},
                     ],
                 }
             )

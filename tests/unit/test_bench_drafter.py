@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +12,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import bench_gpu_drafter as bench
+import drafter_bundle as bundle
+import drafter_curve as curve
 import drafter_target as target
 
 
@@ -30,25 +34,111 @@ def test_a_conversation_is_a_chunk_then_what_follows_it() -> None:
     assert user.endswith("line_3 = 3") and "line_0 = 0" in user and answer == "line_4 = 4\nline_5 = 5"
 
 
-def _evaluation(**tau: float) -> dict:
-    return {"drafters": {name: {"expected_acceptance_length": value} for name, value in tau.items()}}
+def test_prose_is_a_files_docstrings_and_comments_in_source_order() -> None:
+    text = (
+        '"""The module says hello."""\n'
+        "# -*- coding: utf-8 -*-\n"
+        "import os  # noqa: F401\n"
+        "# first comment line\n"
+        "def f():\n"
+        '    """Return one.\n\n    More words here.\n    """\n'
+        "    return 1  # the answer\n"
+        "# ----------\n"
+    )
+    assert target.prose_lines(text) == [
+        "The module says hello.", "first comment line", "Return one.", "More words here.", "the answer",
+    ]  # fmt: skip
+    assert target.prose_lines("def broken(:\n") == []
+
+
+def test_a_prose_conversation_is_prose_then_the_prose_that_follows() -> None:
+    text = "\n".join(f"# comment number {i}" for i in range(13))
+    rows = target.prose_conversations([target.Source("m.py", text)], 4, 2)
+    assert len(rows) == 2 and all(row["kind"] == "prose" for row in rows)
+    user, answer = (turn["value"] for turn in rows[1]["conversations"])
+    assert user == "Continue the prose of m.py:\n" + "\n".join(f"comment number {i}" for i in range(6, 10))
+    assert answer == "comment number 10\ncomment number 11"
+
+
+GOOD = {
+    "speculators_bf16": {1300: 1.9, 4000: 2.3, 9000: 2.7},
+    "specforge_bf16": {1300: 1.8, 4000: 2.2, 9000: 2.5},
+    "speculators_fp8": {9000: 2.68},
+    "speculators_layer_off": {9000: 2.6},
+    "speculators_shifted": {9000: 1.2},
+}
 
 
 def test_the_verdict_passes_only_clear_wins() -> None:
-    good = _evaluation(
-        prompt_lookup=1.5,
-        speculators_bf16=2.4,
-        speculators_fp8=2.35,
-        specforge_bf16=2.2,
-        speculators_layer_off=1.4,
-        speculators_shifted=1.1,
-    )
-    verdict = bench.verdict(good)
-    assert verdict["all_passed"] and verdict["checks"]["fp8_vs_bf16"]["ratio"] == pytest.approx(2.35 / 2.4, abs=1e-3)
-    close = dict(good["drafters"], speculators_layer_off={"expected_acceptance_length": 2.0})  # not 1.5x below bf16
-    assert not bench.verdict({"drafters": close})["checks"]["speculators_bf16"]["passed"]
-    unmeasured = {k: v for k, v in good["drafters"].items() if k != "speculators_shifted"}
-    unmeasured["speculators_shifted"] = {"error": "trainer exited 1"}
-    assert bench.verdict({"drafters": unmeasured})["wrong_data_best"] == 1.4
-    no_fp8 = {k: v for k, v in good["drafters"].items() if k != "speculators_fp8"}
-    assert not bench.verdict({"drafters": no_fp8})["all_passed"]  # a drafter not measured is not a pass
+    verdict = curve.verdict({"code": GOOD}, {"code": 2.0})
+    code = verdict["kinds"]["code"]
+    assert verdict["all_passed"], code
+    assert code["best_over_prompt_lookup"] == {"drafter": "speculators_bf16", "ratio": 1.35, "passed": True}
+    assert code["fp8_vs_bf16"]["ratios"] == {9000: pytest.approx(2.68 / 2.7, abs=1e-3)}
+    assert not curve.verdict({"code": GOOD}, {"code": 2.1})["all_passed"]  # 1.29 x prompt lookup
+    flat = dict(GOOD, specforge_bf16={1300: 1.8, 4000: 2.2, 9000: 2.2})
+    assert not curve.verdict({"code": flat}, {"code": 2.0})["kinds"]["code"]["rising_with_data"]["specforge_bf16"]["passed"]
+    two_sizes = {name: {s: v for s, v in points.items() if s != 4000} for name, points in GOOD.items()}
+    assert not curve.verdict({"code": two_sizes}, {"code": 2.0})["all_passed"]  # a curve needs three sizes
+    layer_off_as_good = dict(GOOD, speculators_layer_off={9000: 2.7})
+    assert not curve.verdict({"code": layer_off_as_good}, {"code": 2.0})["kinds"]["code"]["bf16_over_layer_off"]["passed"]
+    no_fp8 = {k: v for k, v in GOOD.items() if k != "speculators_fp8"}
+    assert not curve.verdict({"code": no_fp8}, {"code": 2.0})["all_passed"]  # a drafter not measured is not a pass
+
+
+def test_the_curve_reads_every_size_and_kind_measured() -> None:
+    def tau(value: float) -> dict:
+        return {"expected_acceptance_length": value}
+
+    sizes = {
+        "4000": {"evaluation": {"code": {"speculators_bf16": tau(2.3)}}},
+        "1300": {"evaluation": {"code": {"speculators_bf16": tau(1.9), "specforge_bf16": {"error": "x"}},
+                                "prose": {"speculators_bf16": tau(1.4)}}},
+    }  # fmt: skip
+    expected = {"code": {"speculators_bf16": {1300: 1.9, 4000: 2.3}}, "prose": {"speculators_bf16": {1300: 1.4}}}
+    assert curve.curve(sizes) == expected
+
+
+def test_a_bundle_comes_back_whole_or_is_refused(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    (work / "target").mkdir(parents=True)
+    (work / "target" / "model.bin").write_bytes(bytes(range(256)) * 4096)
+    (work / "regen.jsonl").write_text('{"a": 1}\n')
+    manifest = bundle.save(work, ["target", "regen.jsonl"], tmp_path / "out")
+    again = bundle.load(tmp_path / "out", tmp_path / "again")
+    assert again == manifest
+    assert (tmp_path / "again" / "target" / "model.bin").read_bytes() == (work / "target" / "model.bin").read_bytes()
+    part = tmp_path / "out" / manifest["parts"][0]
+    part.write_bytes(part.read_bytes()[:-1])
+    with pytest.raises(ValueError, match="torn"):
+        bundle.load(tmp_path / "out", tmp_path / "third")
+    part.unlink()
+    with pytest.raises(FileNotFoundError, match="lacks the bundle's parts"):
+        bundle.load(tmp_path / "out", tmp_path / "third")
+
+
+def test_a_bundle_is_cut_into_parts_a_call_can_bring_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bundle, "PART_BYTES", 1000)
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "noise.bin").write_bytes(os.urandom(5000))
+    manifest = bundle.save(tmp_path / "work", ["noise.bin"], tmp_path / "out")
+    assert len(manifest["parts"]) >= 5 and all((tmp_path / "out" / p).stat().st_size <= 1000 for p in manifest["parts"])
+    assert bundle.load(tmp_path / "out", tmp_path / "back")["sha256"] == manifest["sha256"]
+
+
+def test_sizes_take_all_and_refuse_nonsense() -> None:
+    assert bench.sizes_arg("4000, 1300,all") == [1300, 4000, bench.ALL]
+    for bad in ("", "ten", "5"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--sizes"):
+            bench.sizes_arg(bad)
+
+
+def test_an_appended_call_must_use_the_same_target(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    first = bench.Results(out, {}, append=False)
+    first.target({"sha256": "aaa"})
+    second = bench.Results(out, {}, append=True)
+    assert len(second.data["calls"]) == 2
+    second.target({"sha256": "aaa"})
+    with pytest.raises(ValueError, match="bundle-in"):
+        bench.Results(out, {}, append=True).target({"sha256": "bbb"})
