@@ -151,10 +151,15 @@ def parallel(commands: dict[str, list[str]], logs: Path) -> dict[str, Any]:
         process = subprocess.Popen([sys.executable, "-m", "hsextract", *argv], stdout=handle, stderr=subprocess.STDOUT)
         running[name] = (process, handle)
     results: dict[str, Any] = {}
-    for name, (process, handle) in running.items():
-        rc = process.wait()
-        handle.close()
-        results[name] = {"rc": rc, "seconds": round(time.perf_counter() - started, 1)}
+    while len(results) < len(running):  # polled, so that each command's seconds are its own
+        for name, (process, handle) in running.items():
+            if name in results or process.poll() is None:
+                continue
+            handle.close()
+            results[name] = {"rc": process.returncode, "seconds": round(time.perf_counter() - started, 1)}
+        time.sleep(0.2)
+    for name, result in results.items():
+        rc = result["rc"]
         if rc != 0:
             raise RuntimeError(
                 f"hsextract {commands[name][0]} ({name}) failed (exit {rc}); its log ends:\n{e2e_tail(logs / f'{name}.log')}"
@@ -297,23 +302,36 @@ def extract_all(args: argparse.Namespace, work: Path, server: Server, sizes: lis
         jobs[f"speculators_layer_off-{largest}"] = (
             off_server, "speculators", f"prep-speculators-{largest}", ["--layer-ids", ",".join(map(str, off_ids))],
         )  # fmt: skip
+    commands = {f"extract_{name}": extract_argv(srv.url, work, name, fmt, data, extra)
+                for name, (srv, fmt, data, extra) in jobs.items()}  # fmt: skip
+    ran: dict[str, Any] = {}
     try:
-        commands = {f"extract_{name}": extract_argv(srv.url, work, name, fmt, data, extra)
-                    for name, (srv, fmt, data, extra) in jobs.items()}  # fmt: skip
-        ran = parallel(commands, work / "logs")
+        for group in extract_groups(list(commands), args.extract_at_once):
+            ran.update(parallel({name: commands[name] for name in group}, work / "logs"))
     finally:
         if off_server is not None:
             off_server.stop()
-    verified = parallel({f"verify_{name}": ["verify", str(work / f"out-{name}")] for name in jobs}, work / "logs")
+    verified: dict[str, Any] = {}
+    for group in extract_groups(list(jobs), args.extract_at_once) if args.verify else []:
+        verified.update(parallel({f"verify_{name}": ["verify", str(work / f"out-{name}")] for name in group}, work / "logs"))
     out: dict[str, dict[str, Any]] = {}
     for name in jobs:
         summary = output_summary(work / f"out-{name}", ran[f"extract_{name}"]["seconds"])
-        out[name] = {**ran[f"extract_{name}"], "verify": verified[f"verify_{name}"], **summary}
+        out[name] = {**ran[f"extract_{name}"], "verify": verified.get(f"verify_{name}", "not run"), **summary}
     if args.wrong_data:
         out[f"speculators_shifted-{largest}"] = shifted_copy(
             work / f"out-speculators_bf16-{largest}", work / f"out-speculators_shifted-{largest}"
         )
     return out
+
+
+def extract_groups(names: list[str], at_once: int) -> list[list[str]]:
+    """The extractions in groups of ``at_once`` run together. FP8 goes last and alone: the embedded
+    server stores every dump in the storage its latest extractor asked for, so a bf16 extraction
+    beside it would get FP8 dumps (and stop on them, as it should)."""
+    fp8 = [name for name in names if "fp8" in name]
+    rest = [name for name in names if name not in fp8]
+    return [rest[i : i + at_once] for i in range(0, len(rest), at_once)] + [[name] for name in fp8]
 
 
 def default_layer_ids(model: Path) -> list[int]:
@@ -657,6 +675,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="train conversations to regenerate (default: the largest size); more: for later calls")  # fmt: skip
     parser.add_argument("--no-wrong-data", dest="wrong_data", action="store_false",
                         help="leave out FP8 and the layer-off and shifted drafters (largest size)")  # fmt: skip
+    parser.add_argument("--extract-at-once", type=int, default=1, help="extractions run together (FP8 always alone, last)")
+    parser.add_argument("--no-verify", dest="verify", action="store_false",
+                        help="skip hsextract verify after the extractions (it rereads every file: minutes)")  # fmt: skip
     parser.add_argument("--bundle-out", type=Path, default=None, help="save the target and regenerated conversations here")
     parser.add_argument("--bundle-in", type=Path, default=None, help="start from a bundle: no target training, no regeneration")
     parser.add_argument("--wall-budget-s", type=float, default=None,
@@ -729,7 +750,7 @@ def main() -> int:
     names = list(extracted)
     deadline = args.train_max_s
     if args.wall_budget_s:
-        deadline = min(deadline, args.wall_budget_s - EVAL_RESERVE_S - (time.perf_counter() - started))
+        deadline = max(30.0, min(deadline, args.wall_budget_s - EVAL_RESERVE_S - (time.perf_counter() - started)))
     trained = train_all(args, work, names, deadline)
     results.stage("training", trained)
     for name, job in trained["jobs"].items():

@@ -142,3 +142,11 @@ def test_an_appended_call_must_use_the_same_target(tmp_path: Path) -> None:
     second.target({"sha256": "aaa"})
     with pytest.raises(ValueError, match="bundle-in"):
         bench.Results(out, {}, append=True).target({"sha256": "bbb"})
+
+
+def test_fp8_is_extracted_last_and_alone() -> None:
+    names = ["specforge_bf16-1300", "speculators_bf16-1300", "speculators_fp8-4000", "speculators_layer_off-4000"]
+    assert bench.extract_groups(names, 2) == [
+        ["specforge_bf16-1300", "speculators_bf16-1300"], ["speculators_layer_off-4000"], ["speculators_fp8-4000"],
+    ]  # fmt: skip
+    assert bench.extract_groups(names, 1)[-1] == ["speculators_fp8-4000"]
