@@ -113,7 +113,7 @@ bench-gpu-fleet:  ## on a GPU host: N GPUs' aggregate tokens/s against N x one G
 	PYTHONPATH=extractor:bench $(or $(GPU_PYTHON),python3) bench/bench_gpu_fleet.py --out bench/results-gpu-fleet.json $(BENCH_ARGS)
 
 # One GPU, about 10 minutes, nothing downloaded (issue 28); BENCH_ARGS="--quick" for a first run on a new machine
-bench-gpu-drafter:  ## on one GPU: a stdlib-trained target, our pipeline, speculators' and SpecForge's own trainers on correct and wrong data, acceptance on held-out text; writes bench/results-gpu-drafter.json
+bench-gpu-drafter:  ## on one GPU: a stdlib-trained target, our pipeline, speculators' and SpecForge's own trainers at several data sizes and on wrong data, acceptance on held-out code and prose; writes bench/results-gpu-drafter.json
 	PYTHONPATH=extractor:bench $(or $(GPU_PYTHON),python3) bench/bench_gpu_drafter.py --out bench/results-gpu-drafter.json $(BENCH_ARGS)
 
 # One GPU, one model per call (about 8 minutes each: BENCH_ARGS="--models kimi --append"), nothing downloaded (issue 34)
