@@ -14,10 +14,10 @@ On one GPU, over one or more device calls (``make bench-gpu-drafter``; every fig
 3. **Our pipeline, as a user runs it**, every step a ``hsextract`` command at the CLI's defaults (the
    spot check included): ``regenerate`` through the embedded server (greedy) of the pool and of each
    held-out kind; then for each size ``prepare`` in both conventions, ``extract`` as specforge (bf16)
-   and as speculators (bf16; with ``--wrong-data`` also FP8 and one layer later), ``verify``.
+   and as speculators (bf16; unless ``--no-wrong-data`` also FP8 and one layer later), ``verify``.
 4. **The trainers' own training loops**, as subprocesses of their released CLIs, all at once on the GPU:
    speculators 0.9.0 (``drafter_speculators.py``) and SpecForge 0.2.0's offline EAGLE-3 trainer
-   (``drafter_specforge.py``) at every size; with ``--wrong-data``, at the call's largest size,
+   (``drafter_specforge.py``) at every size; unless ``--no-wrong-data``, at the call's largest size,
    speculators on FP8 and on two deliberately wrong datasets: ``layer_off`` (extracted one layer later
    but configured, so served, on the default layers) and ``shifted`` (every state one token late).
 5. **The measure** (``hsextract.evaluate``), per held-out kind: the target's greedy next tokens and aux
@@ -133,13 +133,6 @@ def run_logged(
 
 def e2e_tail(path: Path, chars: int = 3000) -> str:
     return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
-
-
-def hsextract(*argv: str, log_path: Path) -> dict[str, Any]:
-    result = run_logged([sys.executable, "-m", "hsextract", *argv], log_path)
-    if result["rc"] != 0:
-        raise RuntimeError(f"hsextract {argv[0]} failed (exit {result['rc']}); see {log_path}")
-    return result
 
 
 def parallel(commands: dict[str, list[str]], logs: Path) -> dict[str, Any]:
@@ -286,8 +279,9 @@ def prepare_argv(work: Path, like: str, dataset: str, output: str) -> list[str]:
 
 
 def extract_all(args: argparse.Namespace, work: Path, server: Server, sizes: list[int]) -> dict[str, dict[str, Any]]:
-    """Every output of every size at once: the default server for the correct data, a second server on
-    the layers one later for ``layer_off`` (``--wrong-data``, largest size only)."""
+    """Every output of every size, ``--extract-at-once`` at a time, each then verified (unless
+    ``--no-verify``): the default server for the correct data, a second server on the layers one later
+    for ``layer_off`` (largest size only, unless ``--no-wrong-data``)."""
     jobs: dict[str, tuple[Server, str, str, list[str]]] = {}
     for size in sizes:
         jobs[f"specforge_bf16-{size}"] = (server, "specforge", f"prep-specforge-{size}", [])
@@ -697,8 +691,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--specforge-batch", type=int, default=16, help="SpecForge's training.batch_size (rows a step)")
-    parser.add_argument("--train-max-s", type=float, default=420.0,
-                        help="trainers still running then are stopped and measured from their last checkpoint")  # fmt: skip
+    parser.add_argument("--train-max-s", type=float, default=1800.0,
+                        help="trainers still running then are stopped, measured from their last checkpoint "
+                             "(speculators compiles for 2 min and more when several start at once)")  # fmt: skip
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--eval-rows", type=int, default=150, help="per held-out kind")
     args = parser.parse_args(argv)
