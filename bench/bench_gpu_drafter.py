@@ -320,9 +320,10 @@ def extract_all(args: argparse.Namespace, work: Path, server: Server, sizes: lis
 
 
 def extract_groups(names: list[str], at_once: int) -> list[list[str]]:
-    """The extractions in groups of ``at_once`` run together. FP8 goes last and alone: the embedded
-    server stores every dump in the storage its latest extractor asked for, so a bf16 extraction
-    beside it would get FP8 dumps (and stop on them, as it should)."""
+    """The extractions in groups of ``at_once`` run together. FP8 goes last and alone: its rows are the
+    bf16 extraction's rows, so their request ids (``<prefix>-<row>-n<tokens>``) are the same, and on one
+    server two extractors with one rid take each other's dumps (a bf16 extractor beside it got an FP8
+    dump and stopped on it, as it should). At once, extractions must not share a row and a length."""
     fp8 = [name for name in names if "fp8" in name]
     rest = [name for name in names if name not in fp8]
     return [rest[i : i + at_once] for i in range(0, len(rest), at_once)] + [[name] for name in fp8]
@@ -669,7 +670,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="train conversations to regenerate (default: the largest size); more: for later calls")  # fmt: skip
     parser.add_argument("--no-wrong-data", dest="wrong_data", action="store_false",
                         help="leave out FP8 and the layer-off and shifted drafters (largest size)")  # fmt: skip
-    parser.add_argument("--extract-at-once", type=int, default=1, help="extractions run together (FP8 always alone, last)")
+    parser.add_argument("--extract-at-once", type=int, default=1,
+                        help="extractions run together on one server (FP8 alone, last: see extract_groups)")  # fmt: skip
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="skip hsextract verify after the extractions (it rereads every file: minutes)")  # fmt: skip
     parser.add_argument("--bundle-out", type=Path, default=None, help="save the target and regenerated conversations here")
