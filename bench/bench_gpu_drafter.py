@@ -65,6 +65,8 @@ KINDS = ("code", "prose")
 BUNDLE_MEMBERS = ["target", "target.json", "regen-train.jsonl", *(f"regen-heldout-{kind}.jsonl" for kind in KINDS)]
 #: seconds kept for measuring the drafters when training is cut to fit --wall-budget-s
 EVAL_RESERVE_S = 75.0
+#: seconds the trainers stopped at the deadline have, together, to save and exit before they are killed
+STOP_GRACE_S = 30.0
 
 
 class Results:
@@ -421,19 +423,27 @@ def train_all(args: argparse.Namespace, work: Path, names: list[str], deadline_s
         if time.perf_counter() - started > deadline_s:
             break
         time.sleep(0.5)
+    for name, (process, _, _) in running.items():
+        if name not in ended and process.poll() is not None:
+            ended[name] = time.perf_counter() - started
+    stopped = [name for name in running if name not in ended]
+    for name in stopped:  # all at once: speculators saves on SIGTERM, and each may take its grace
+        running[name][0].terminate()
+    grace_ends = time.perf_counter() + STOP_GRACE_S
+    for name in stopped:
+        process = running[name][0]
+        try:
+            process.wait(max(0.1, grace_ends - time.perf_counter()))
+        except subprocess.TimeoutExpired:  # its dataloader workers can hold the exit
+            process.kill()
+            process.wait()
     for name, (process, handle, log_path) in running.items():
-        rc = process.poll()
-        if rc is None:  # measured from the checkpoints it saved so far
-            process.terminate()  # speculators saves on SIGTERM; its dataloader workers can hold the exit
-            try:
-                rc = process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                rc = process.wait()
+        rc = process.returncode
+        if name in stopped:  # measured from the checkpoints it saved so far
             report["jobs"][name]["stopped_at_deadline_s"] = round(deadline_s)
             rc = 0 if has_checkpoint(name, work) else rc
         handle.close()
-        report["jobs"][name].update(rc=rc, seconds=round(ended.get(name, time.perf_counter() - started), 1))
+        report["jobs"][name].update(rc=rc, seconds=round(ended.get(name, deadline_s), 1))
         report["jobs"][name].update(trainer_progress(log_path))
         if rc != 0:
             report["jobs"][name]["log_tail"] = e2e_tail(log_path)

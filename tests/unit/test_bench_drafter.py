@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -150,3 +151,25 @@ def test_fp8_is_extracted_last_and_alone() -> None:
         ["specforge_bf16-1300", "speculators_bf16-1300"], ["speculators_layer_off-4000"], ["speculators_fp8-4000"],
     ]  # fmt: skip
     assert bench.extract_groups(names, 1)[-1] == ["speculators_fp8-4000"]
+
+
+def test_trainers_past_the_deadline_are_stopped_together_and_each_keeps_its_own_seconds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real processes: one ends at once, three ignore SIGTERM (as speculators inside torch.compile did on the
+    H200) and are killed after one shared grace, not one grace each."""
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+    jobs = {"specforge_bf16-100": [sys.executable, "-c", "pass"]}
+    jobs.update({f"speculators_bf16-{n}": [sys.executable, "-c", stubborn] for n in (200, 300, 400)})
+    monkeypatch.setattr(bench, "training_jobs", lambda args, work, names: (jobs, {name: {} for name in jobs}))
+    monkeypatch.setattr(bench, "STOP_GRACE_S", 3.0)
+    (tmp_path / "logs").mkdir()
+    started = time.perf_counter()
+    report = bench.train_all(argparse.Namespace(), tmp_path, list(jobs), deadline_s=2.0)
+    wall = time.perf_counter() - started
+    quick = report["jobs"]["specforge_bf16-100"]
+    assert quick["rc"] == 0 and quick["seconds"] < 2.0 and "stopped_at_deadline_s" not in quick
+    for n in (200, 300, 400):
+        job = report["jobs"][f"speculators_bf16-{n}"]
+        assert job["stopped_at_deadline_s"] == 2 and job["seconds"] == 2.0 and job["rc"] == -9  # no checkpoint: killed
+    assert wall < 2.0 + 3 * 3.0, f"each stopped trainer had a grace of its own ({wall:.1f} s)"
