@@ -281,9 +281,9 @@ def prepare_argv(work: Path, like: str, dataset: str, output: str) -> list[str]:
 
 
 def extract_all(args: argparse.Namespace, work: Path, server: Server, sizes: list[int]) -> dict[str, dict[str, Any]]:
-    """Every output of every size, ``--extract-at-once`` at a time, each then verified (unless
-    ``--no-verify``): the default server for the correct data, a second server on the layers one later
-    for ``layer_off`` (largest size only, unless ``--no-wrong-data``)."""
+    """Every output of every size, one after another, each then verified (unless ``--no-verify``): the
+    default server for the correct data, a second server on the layers one later for ``layer_off``
+    (largest size only, unless ``--no-wrong-data``)."""
     jobs: dict[str, tuple[Server, str, str, list[str]]] = {}
     for size in sizes:
         jobs[f"specforge_bf16-{size}"] = (server, "specforge", f"prep-specforge-{size}", [])
@@ -301,15 +301,15 @@ def extract_all(args: argparse.Namespace, work: Path, server: Server, sizes: lis
     commands = {f"extract_{name}": extract_argv(srv.url, work, name, fmt, data, extra)
                 for name, (srv, fmt, data, extra) in jobs.items()}  # fmt: skip
     ran: dict[str, Any] = {}
-    try:
-        for group in extract_groups(list(commands), args.extract_at_once):
-            ran.update(parallel({name: commands[name] for name in group}, work / "logs"))
+    try:  # one at a time: an extractor holds its shard of the server's dump folder (one request id a row)
+        for name, argv in commands.items():
+            ran.update(parallel({name: argv}, work / "logs"))
     finally:
         if off_server is not None:
             off_server.stop()
     verified: dict[str, Any] = {}
-    for group in extract_groups(list(jobs), args.extract_at_once) if args.verify else []:
-        verified.update(parallel({f"verify_{name}": ["verify", str(work / f"out-{name}")] for name in group}, work / "logs"))
+    for name in jobs if args.verify else []:
+        verified.update(parallel({f"verify_{name}": ["verify", str(work / f"out-{name}")]}, work / "logs"))
     out: dict[str, dict[str, Any]] = {}
     for name in jobs:
         summary = output_summary(work / f"out-{name}", ran[f"extract_{name}"]["seconds"])
@@ -319,16 +319,6 @@ def extract_all(args: argparse.Namespace, work: Path, server: Server, sizes: lis
             work / f"out-speculators_bf16-{largest}", work / f"out-speculators_shifted-{largest}"
         )
     return out
-
-
-def extract_groups(names: list[str], at_once: int) -> list[list[str]]:
-    """The extractions in groups of ``at_once`` run together. FP8 goes last and alone: its rows are the
-    bf16 extraction's rows, so their request ids (``<prefix>-<row>-n<tokens>``) are the same, and on one
-    server two extractors with one rid take each other's dumps (a bf16 extractor beside it got an FP8
-    dump and stopped on it, as it should). At once, extractions must not share a row and a length."""
-    fp8 = [name for name in names if "fp8" in name]
-    rest = [name for name in names if name not in fp8]
-    return [rest[i : i + at_once] for i in range(0, len(rest), at_once)] + [[name] for name in fp8]
 
 
 def default_layer_ids(model: Path) -> list[int]:
@@ -680,8 +670,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="train conversations to regenerate (default: the largest size); more: for later calls")  # fmt: skip
     parser.add_argument("--no-wrong-data", dest="wrong_data", action="store_false",
                         help="leave out FP8 and the layer-off and shifted drafters (largest size)")  # fmt: skip
-    parser.add_argument("--extract-at-once", type=int, default=1,
-                        help="extractions run together on one server (FP8 alone, last: see extract_groups)")  # fmt: skip
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="skip hsextract verify after the extractions (it rereads every file: minutes)")  # fmt: skip
     parser.add_argument("--bundle-out", type=Path, default=None, help="save the target and regenerated conversations here")

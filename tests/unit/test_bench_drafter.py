@@ -145,14 +145,6 @@ def test_an_appended_call_must_use_the_same_target(tmp_path: Path) -> None:
         bench.Results(out, {}, append=True).target({"sha256": "bbb"})
 
 
-def test_fp8_is_extracted_last_and_alone() -> None:
-    names = ["specforge_bf16-1300", "speculators_bf16-1300", "speculators_fp8-4000", "speculators_layer_off-4000"]
-    assert bench.extract_groups(names, 2) == [
-        ["specforge_bf16-1300", "speculators_bf16-1300"], ["speculators_layer_off-4000"], ["speculators_fp8-4000"],
-    ]  # fmt: skip
-    assert bench.extract_groups(names, 1)[-1] == ["speculators_fp8-4000"]
-
-
 def test_trainers_past_the_deadline_are_stopped_together_and_each_keeps_its_own_seconds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -29,12 +29,22 @@ LOCK_FILE = "extract.lock"
 
 class OutputLock:
     def __init__(
-        self, output: Path, details: Mapping[str, object] | None = None, command: str = "extract", name: str = LOCK_FILE
+        self,
+        output: Path,
+        details: Mapping[str, object] | None = None,
+        command: str = "extract",
+        name: str = LOCK_FILE,
+        refusal: str | None = None,
     ) -> None:
         self.output = Path(output)
         self.details = dict(details or {})  # recorded in the file beside pid, host and since
         self.command = command  # the hsextract command that writes the output: named to a second one
         self.path = self.output / name
+        # what a second holder is told, {holder} filled in; the default is the output's
+        self.refusal = refusal or (
+            f"output {self.output} is being written by another hsextract {command} ({{holder}}); wait for it "
+            "to finish or stop it, or choose another --output"
+        )
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -48,10 +58,7 @@ class OutputLock:
             except BlockingIOError:
                 holder = self._describe_holder(fd)
                 os.close(fd)
-                raise OutputLockedError(
-                    f"output {self.output} is being written by another hsextract {self.command} ({holder}); wait for it "
-                    "to finish or stop it, or choose another --output"
-                ) from None
+                raise OutputLockedError(self.refusal.replace("{holder}", holder)) from None  # a path may hold braces
             try:
                 same_file = os.fstat(fd).st_ino == os.stat(self.path, follow_symlinks=False).st_ino
             except FileNotFoundError:
@@ -71,7 +78,8 @@ class OutputLock:
     def _describe_holder(fd: int) -> str:
         try:
             record = json.loads(os.pread(fd, 4096, 0) or b"{}")
-            return f"pid {record['pid']} on host {record['host']}, since {record['since']}"
+            writing = f", writing {record['output']}" if record.get("output") else ""
+            return f"pid {record['pid']} on host {record['host']}, since {record['since']}{writing}"
         except (OSError, ValueError, KeyError, TypeError):
             return "a process that has not yet written its pid"
 

@@ -36,6 +36,7 @@ from hsextract.durable.atomic import is_disk_full, remove_quietly, sweep_temp_fi
 from hsextract.durable.lock import OutputLock
 from hsextract.errors import BadSampleError, DiskFullError, HsextractError, ServerError
 from hsextract.extract.checks.dump_checks import Expectations
+from hsextract.extract.checks.dump_folder_lock import take_dump_folder_lock
 from hsextract.extract.checks.spot_check import SpotChecker
 from hsextract.extract.checks.stale_dumps import sweep_stale_dumps
 from hsextract.extract.config import ExtractConfig
@@ -85,6 +86,7 @@ class Extraction:
         self._identity: OutputIdentity | None = None
         self._gate: ServerGate | None = None
         self._finished = threading.Event()
+        self._dump_lock: OutputLock | None = None  # this shard's lock in the server's dump folder, once taken
         self._interrupted_by: str | None = None  # a stop asked before the ledger exists
         self.ledger: Ledger | None = None
         self.spot: SpotChecker | None = None
@@ -162,6 +164,8 @@ class Extraction:
         finally:
             self._finished.set()
             self.client.close()
+            if self._dump_lock is not None:
+                self._dump_lock.release()
             lock.release()
 
     def _run_locked(self, started: float, setup: RunSetup) -> RunSummary:
@@ -192,6 +196,8 @@ class Extraction:
             planner = self._planner(scan, manifest, setup.vocab_size)
             plan = planner.estimate()  # the first rows only: the first request leaves within seconds
             check_disk(setup, plan, self.metrics)
+            # before the sweep: it would remove another extractor's in-flight dumps
+            self._dump_lock = take_dump_folder_lock(dump_dir, cfg.output, cfg.rid_prefix, cfg.shard_index, cfg.num_shards)
             stale = sweep_stale_dumps(dump_dir, cfg.rid_prefix, cfg.shard_index, cfg.num_shards)
             if stale:
                 log.info("removed %d dumps of this shard left in %s by earlier requests", stale, dump_dir)
