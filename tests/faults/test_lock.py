@@ -4,11 +4,36 @@ first one is unharmed."""
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 from pathlib import Path
 
 from ..helpers import run_extraction
 from .helpers import assert_same_output, make_rows, run_extract, samples_written, start_extract, wait_for, write_rows
+
+
+def _second_while_the_first_is_mid_run(
+    server, proxy, dataset: Path, first_output: Path, second_output: Path
+) -> tuple[subprocess.Popen[str], subprocess.CompletedProcess[str]]:
+    """The first extractor held on its fourth request (behind a proxy, the server's dump folder named), the
+    second one run meanwhile against the server itself."""
+    release = threading.Event()
+    holding = threading.Event()
+
+    def hold_after_three(method: str, path: str, body: bytes) -> None:
+        if path == "/generate" and front.generate_calls > 3:
+            holding.set()
+            release.wait(120)  # the first extractor waits here, a request in flight, while the second one starts
+        return None
+
+    front = proxy(server.url, hold_after_three)
+    first = start_extract(front.url, dataset, first_output, "--dump-dir", str(server.dump_dir))
+    try:
+        wait_for(holding.is_set, what="the first extractor to be mid-run", process=first)
+        second = run_extract(server.url, dataset, second_output, timeout=60)
+    finally:
+        release.set()
+    return first, second
 
 
 def test_second_extractor_on_one_output_exits_at_once(models, start_server, proxy, tmp_path: Path) -> None:
@@ -17,23 +42,8 @@ def test_second_extractor_on_one_output_exits_at_once(models, start_server, prox
     reference = tmp_path / "reference"
     run_extraction(server.url, dataset, reference, concurrency=1)
 
-    release = threading.Event()
-    holding = threading.Event()
-
-    def hold_after_three(method: str, path: str, body: bytes) -> None:
-        if path == "/generate" and front.generate_calls > 3:
-            holding.set()
-            release.wait(120)  # the first extractor waits here while the second one starts
-        return None
-
-    front = proxy(server.url, hold_after_three)
     output = tmp_path / "out"
-    first = start_extract(front.url, dataset, output, "--dump-dir", str(server.dump_dir))
-    try:
-        wait_for(holding.is_set, what="the first extractor to be mid-run", process=first)
-        second = run_extract(server.url, dataset, output, timeout=60)
-    finally:
-        release.set()
+    first, second = _second_while_the_first_is_mid_run(server, proxy, dataset, output, output)
     assert second.returncode == 1, second.stderr
     assert "OutputLockedError" in second.stderr
     assert f"pid {first.pid} on host {socket.gethostname()}" in second.stderr
@@ -69,23 +79,8 @@ def test_second_extractor_of_one_shard_on_one_server_exits_at_once(models, start
     reference = tmp_path / "reference"
     run_extraction(server.url, dataset, reference, concurrency=1)
 
-    release = threading.Event()
-    holding = threading.Event()
-
-    def hold_after_three(method: str, path: str, body: bytes) -> None:
-        if path == "/generate" and front.generate_calls > 3:
-            holding.set()
-            release.wait(120)  # the first extractor waits here, a request in flight, while the second one starts
-        return None
-
-    front = proxy(server.url, hold_after_three)
     first_output = tmp_path / "first"
-    first = start_extract(front.url, dataset, first_output, "--dump-dir", str(server.dump_dir))
-    try:
-        wait_for(holding.is_set, what="the first extractor to be mid-run", process=first)
-        second = run_extract(server.url, dataset, tmp_path / "second", timeout=60)
-    finally:
-        release.set()
+    first, second = _second_while_the_first_is_mid_run(server, proxy, dataset, first_output, tmp_path / "second")
     assert second.returncode == 1, second.stderr
     assert "OutputLockedError" in second.stderr and "shard 0 of 1" in second.stderr
     assert f"pid {first.pid} on host {socket.gethostname()}" in second.stderr and str(first_output) in second.stderr
