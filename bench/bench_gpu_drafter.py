@@ -734,7 +734,8 @@ def main() -> int:
             results.stage("regenerate", regenerate(args, work, server, conversations))
             if args.bundle_out:
                 results.stage("bundle_out", drafter_bundle.save(work, BUNDLE_MEMBERS, args.bundle_out))
-        args.sizes = sorted({min(size, len(read_jsonl(work / "regen-train.jsonl"))) for size in args.sizes})
+        pool_size = len(read_jsonl(work / "regen-train.jsonl"))  # "all": the whole regenerated pool
+        args.sizes = sorted({min(size, pool_size) for size in args.sizes})
         results.stage("prepare", prepare_all(work, args.sizes))
         extracted = extract_all(args, work, server, args.sizes)
     finally:

@@ -21,7 +21,6 @@ TARGETS = {"over_prompt_lookup": 1.3, "over_layer_off": 1.0, "over_shifted": 1.5
 CURVE = ("speculators_bf16", "specforge_bf16")
 #: trained from correct data (FP8 and the wrong-data drafters at the largest size only)
 CORRECT = ("speculators_bf16", "specforge_bf16", "speculators_fp8")
-WRONG = ("speculators_layer_off", "speculators_shifted")
 
 
 def tau(measured: dict[str, Any] | None) -> float | None:
