@@ -63,8 +63,11 @@ log = logging.getLogger("bench_gpu_drafter")
 KINDS = ("code", "prose")
 #: what a bundle carries from one call to the next (paths under --work)
 BUNDLE_MEMBERS = ["target", "target.json", "regen-train.jsonl", *(f"regen-heldout-{kind}.jsonl" for kind in KINDS)]
-#: seconds kept for measuring the drafters when training is cut to fit --wall-budget-s
-EVAL_RESERVE_S = 75.0
+#: seconds kept for measuring the drafters when training is cut to fit --wall-budget-s: loading the
+#: target and the held-out states, then each drafter on each kind and its check-draft commands (issue 28's
+#: run: 1.3-13 s a drafter and kind, 0.4 s a check)
+EVAL_RESERVE_S = 45.0
+EVAL_RESERVE_PER_DRAFTER_S = 12.0
 #: seconds the trainers stopped at the deadline have, together, to save and exit before they are killed
 STOP_GRACE_S = 30.0
 
@@ -79,7 +82,8 @@ class Results:
         self.data = json.loads(path.read_text()) if append and path.is_file() else fresh
         if "calls" not in self.data:
             raise ValueError(f"{path} is not a curve results file (no 'calls'): drop --append, or --out another file")
-        self.call: dict[str, Any] = {"settings": settings, "stages": {}}
+        self.call: dict[str, Any] = {"settings": settings, "stages": {}, "elapsed_s": {}}
+        self.started = time.perf_counter()
         self.data["calls"].append(self.call)
 
     def target(self, report: dict[str, Any]) -> None:
@@ -94,7 +98,9 @@ class Results:
         self.save()
 
     def stage(self, name: str, value: Any) -> None:
+        """A stage's report, and the call's seconds when it ended (``elapsed_s``: where a call's time went)."""
         self.call["stages"][name] = value
+        self.call["elapsed_s"][name] = round(time.perf_counter() - self.started, 1)
         self.save()
 
     def size(self, size: int, part: str, value: Any) -> None:
@@ -163,9 +169,12 @@ def parallel(commands: dict[str, list[str]], logs: Path) -> dict[str, Any]:
 
 
 class Server:
-    """``hsextract serve`` on the GPU, for regeneration and extraction (one per aux layer set)."""
+    """``hsextract serve`` on the GPU, for regeneration and extraction (one per aux layer set, and more
+    of the default set to extract several outputs at once: ``--extract-servers``). Started without
+    waiting; :meth:`wait_ready` waits for its health check, so several start together."""
 
     def __init__(self, model: Path, work: Path, name: str, device: str, layer_ids: list[int] | None = None) -> None:
+        self.name = name
         self.log_path = work / f"server-{name}.log"
         self.dump_dir = Path("/dev/shm") / f"hsx-drafter-{name}-{os.getpid()}"
         port = e2e.free_port()
@@ -176,11 +185,42 @@ class Server:
         with open(self.log_path, "wb") as handle:
             self.process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{port}"
-        self.ready_s = e2e.wait_healthy(self.url, self.process, self.log_path)
+        self.ready_s: float | None = None
+
+    def wait_ready(self) -> float:
+        """Seconds until its health check passed (raises with its log's tail if it exited first)."""
+        return e2e.wait_healthy(self.url, self.process, self.log_path)
 
     def stop(self) -> None:
         e2e.stop_server(self.process)
         shutil.rmtree(self.dump_dir, ignore_errors=True)
+
+
+def start_servers(args: argparse.Namespace, work: Path) -> dict[str, Server]:
+    """The servers this call extracts through, started together and waited for: ``default`` (which
+    also regenerates), ``default-2`` .. ``default-<--extract-servers>``, and ``layer-off`` (the
+    layers one later) when the wrong data is made."""
+    target = work / "target"
+    started = time.perf_counter()
+    servers = {"default": Server(target, work, "default", args.device)}
+    for index in range(2, args.extract_servers + 1):
+        servers[f"default-{index}"] = Server(target, work, f"default-{index}", args.device)
+    if args.wrong_data:
+        off_ids = [i + 1 for i in default_layer_ids(target)]
+        servers["layer-off"] = Server(target, work, "layer-off", args.device, layer_ids=off_ids)
+    try:
+        for server in servers.values():  # each one's seconds from the common start
+            server.wait_ready()
+            server.ready_s = round(time.perf_counter() - started, 1)
+    except BaseException:
+        stop_servers(servers)
+        raise
+    return servers
+
+
+def stop_servers(servers: dict[str, Server]) -> None:
+    for server in servers.values():
+        server.stop()
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
@@ -280,45 +320,74 @@ def prepare_argv(work: Path, like: str, dataset: str, output: str) -> list[str]:
             "--output", str(work / output), "--like", like, "--no-progress"]  # fmt: skip
 
 
-def extract_all(args: argparse.Namespace, work: Path, server: Server, sizes: list[int]) -> dict[str, dict[str, Any]]:
-    """Every output of every size, one after another, each then verified (unless ``--no-verify``): the
-    default server for the correct data, a second server on the layers one later for ``layer_off``
-    (largest size only, unless ``--no-wrong-data``)."""
-    jobs: dict[str, tuple[Server, str, str, list[str]]] = {}
+def extract_all(args: argparse.Namespace, work: Path, servers: dict[str, Server], sizes: list[int]) -> dict[str, dict[str, Any]]:
+    """Every output of every size, each then verified (unless ``--no-verify``). The correct data and FP8
+    go to the default servers, the largest first to the least loaded; ``layer_off`` (largest size only,
+    unless ``--no-wrong-data``) to the server on the layers one later. Each server extracts its outputs
+    one after another (an extractor holds its shard of the server's dump folder: one request id a row),
+    the servers at once."""
+    jobs: dict[str, tuple[str, str, list[str]]] = {}
     for size in sizes:
-        jobs[f"specforge_bf16-{size}"] = (server, "specforge", f"prep-specforge-{size}", [])
-        jobs[f"speculators_bf16-{size}"] = (server, "speculators", f"prep-speculators-{size}", [])
+        jobs[f"specforge_bf16-{size}"] = ("specforge", f"prep-specforge-{size}", [])
+        jobs[f"speculators_bf16-{size}"] = ("speculators", f"prep-speculators-{size}", [])
     largest = max(sizes)
-    off_server = None
     if args.wrong_data:
-        fp8 = ["--storage", "float8_e4m3fn"]
-        jobs[f"speculators_fp8-{largest}"] = (server, "speculators", f"prep-speculators-{largest}", fp8)
+        jobs[f"speculators_fp8-{largest}"] = ("speculators", f"prep-speculators-{largest}", ["--storage", "float8_e4m3fn"])
         off_ids = [i + 1 for i in default_layer_ids(work / "target")]
-        off_server = Server(work / "target", work, "layer-off", args.device, layer_ids=off_ids)
-        jobs[f"speculators_layer_off-{largest}"] = (
-            off_server, "speculators", f"prep-speculators-{largest}", ["--layer-ids", ",".join(map(str, off_ids))],
-        )  # fmt: skip
-    commands = {f"extract_{name}": extract_argv(srv.url, work, name, fmt, data, extra)
-                for name, (srv, fmt, data, extra) in jobs.items()}  # fmt: skip
-    ran: dict[str, Any] = {}
-    try:  # one at a time: an extractor holds its shard of the server's dump folder (one request id a row)
-        for name, argv in commands.items():
-            ran.update(parallel({name: argv}, work / "logs"))
-    finally:
-        if off_server is not None:
-            off_server.stop()
+        jobs[f"speculators_layer_off-{largest}"] = ("speculators", f"prep-speculators-{largest}",
+                                                    ["--layer-ids", ",".join(map(str, off_ids))])  # fmt: skip
+    queues = server_queues(list(jobs), list(servers))
+    commands = {name: extract_argv(servers[server].url, work, name, *jobs[name])
+                for server, names in queues.items() for name in names}  # fmt: skip
+    ran = run_queues({server: {f"extract_{n}": commands[n] for n in names} for server, names in queues.items()}, work / "logs")
     verified: dict[str, Any] = {}
     for name in jobs if args.verify else []:
         verified.update(parallel({f"verify_{name}": ["verify", str(work / f"out-{name}")]}, work / "logs"))
     out: dict[str, dict[str, Any]] = {}
     for name in jobs:
+        server = next(server for server, names in queues.items() if name in names)
         summary = output_summary(work / f"out-{name}", ran[f"extract_{name}"]["seconds"])
-        out[name] = {**ran[f"extract_{name}"], "verify": verified.get(f"verify_{name}", "not run"), **summary}
+        out[name] = {**ran[f"extract_{name}"], "server": server, "verify": verified.get(f"verify_{name}", "not run"), **summary}
     if args.wrong_data:
         out[f"speculators_shifted-{largest}"] = shifted_copy(
             work / f"out-speculators_bf16-{largest}", work / f"out-speculators_shifted-{largest}"
         )
     return out
+
+
+def server_queues(names: list[str], servers: list[str]) -> dict[str, list[str]]:
+    """Which server extracts which output (``<drafter>-<size>``), in order: ``layer_off`` on
+    ``layer-off``; the rest on the other servers, the largest first to the one with the fewest rows queued."""
+    queues: dict[str, list[str]] = {server: [] for server in servers}
+    defaults = [server for server in servers if server != "layer-off"]
+    load = dict.fromkeys(defaults, 0)
+    for name in sorted(names, key=lambda n: -int(n.rsplit("-", 1)[1])):  # stable: equal sizes keep their order
+        if name.startswith("speculators_layer_off-"):
+            queues["layer-off"].append(name)
+            continue
+        server = min(defaults, key=lambda s: (load[s], defaults.index(s)))
+        queues[server].append(name)
+        load[server] += int(name.rsplit("-", 1)[1])
+    return queues
+
+
+def run_queues(queues: dict[str, dict[str, list[str]]], logs: Path) -> dict[str, Any]:
+    """Each queue's ``hsextract`` commands one after another, the queues at once (a thread each);
+    each command's seconds are its own. The first failure is raised once every queue has stopped."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def drain(commands: dict[str, list[str]]) -> dict[str, Any]:
+        done: dict[str, Any] = {}
+        for name, argv in commands.items():
+            done.update(parallel({name: argv}, logs))
+        return done
+
+    ran: dict[str, Any] = {}
+    with ThreadPoolExecutor(max_workers=max(1, len(queues))) as pool:
+        futures = [pool.submit(drain, commands) for commands in queues.values() if commands]
+    for future in futures:
+        ran.update(future.result())
+    return ran
 
 
 def default_layer_ids(model: Path) -> list[int]:
@@ -670,6 +739,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="train conversations to regenerate (default: the largest size); more: for later calls")  # fmt: skip
     parser.add_argument("--no-wrong-data", dest="wrong_data", action="store_false",
                         help="leave out FP8 and the layer-off and shifted drafters (largest size)")  # fmt: skip
+    parser.add_argument("--extract-servers", type=int, default=2,
+                        help="servers on the default layers extracting at once (one extractor a server; each "
+                             "is one more hsextract serve on the GPU)")  # fmt: skip
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="skip hsextract verify after the extractions (it rereads every file: minutes)")  # fmt: skip
     parser.add_argument("--bundle-out", type=Path, default=None, help="save the target and regenerated conversations here")
@@ -705,6 +777,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.pool = args.pool or max(args.sizes)
     if args.pool < max(args.sizes):
         parser.error(f"--pool {args.pool} is under the largest size {max(args.sizes)}")
+    if args.extract_servers < 1:
+        parser.error(f"--extract-servers {args.extract_servers}: give 1 or more")
     if args.bundle_in and args.bundle_out:
         parser.error("--bundle-in and --bundle-out: a call either makes the bundle or starts from one")
     return args
@@ -727,32 +801,36 @@ def main() -> int:
         target, conversations = make_target(args, work, device)
         (work / "target.json").write_text(json.dumps(target, indent=2) + "\n")
     results.target(target)
-    server = Server(work / "target", work, "default", args.device)
+    results.stage("target", "from the bundle" if args.bundle_in else "trained")
+    servers = start_servers(args, work)
     try:
-        results.stage("server_ready_s", round(server.ready_s, 1))
+        results.stage("server_ready_s", {name: server.ready_s for name, server in servers.items()})
         if not args.bundle_in:
-            results.stage("regenerate", regenerate(args, work, server, conversations))
+            results.stage("regenerate", regenerate(args, work, servers["default"], conversations))
             if args.bundle_out:
                 results.stage("bundle_out", drafter_bundle.save(work, BUNDLE_MEMBERS, args.bundle_out))
         pool_size = len(read_jsonl(work / "regen-train.jsonl"))  # "all": the whole regenerated pool
         args.sizes = sorted({min(size, pool_size) for size in args.sizes})
         results.stage("prepare", prepare_all(work, args.sizes))
-        extracted = extract_all(args, work, server, args.sizes)
+        extracted = extract_all(args, work, servers, args.sizes)
+        results.stage("extract", {"seconds": round(max(v.get("seconds", 0) for v in extracted.values()), 1)})
     finally:
-        server.stop()
+        stop_servers(servers)
     for name, value in extracted.items():
         drafter, size = name.rsplit("-", 1)
         results.size(int(size), f"extract_{drafter}", value)
     names = list(extracted)
     deadline = args.train_max_s
     if args.wall_budget_s:
-        deadline = max(30.0, min(deadline, args.wall_budget_s - EVAL_RESERVE_S - (time.perf_counter() - started)))
+        reserve = STOP_GRACE_S + EVAL_RESERVE_S + EVAL_RESERVE_PER_DRAFTER_S * len(names)
+        deadline = max(30.0, min(deadline, args.wall_budget_s - reserve - (time.perf_counter() - started)))
     trained = train_all(args, work, names, deadline)
     results.stage("training", trained)
     for name, job in trained["jobs"].items():
         drafter, size = name.rsplit("-", 1)
         results.size(int(size), f"train_{drafter}", {k: v for k, v in job.items() if k != "argv"})
     evaluate(args, work, device, trained, results)
+    results.stage("evaluate", "done")
     results.call["wall_seconds"] = round(time.perf_counter() - started, 1)
     results.conclude()
     log.info("verdict: %s", json.dumps(results.data["verdict"], indent=2))

@@ -165,3 +165,16 @@ def test_trainers_past_the_deadline_are_stopped_together_and_each_keeps_its_own_
         job = report["jobs"][f"speculators_bf16-{n}"]
         assert job["stopped_at_deadline_s"] == 2 and job["seconds"] == 2.0 and job["rc"] == -9  # no checkpoint: killed
     assert wall < 2.0 + 3 * 3.0, f"each stopped trainer had a grace of its own ({wall:.1f} s)"
+
+
+def test_outputs_spread_over_the_servers_largest_first_and_layer_off_on_its_own() -> None:
+    names = ["specforge_bf16-1300", "speculators_bf16-1300", "specforge_bf16-2600", "speculators_bf16-2600",
+             "speculators_fp8-2600", "speculators_layer_off-2600"]  # fmt: skip
+    queues = bench.server_queues(names, ["default", "default-2", "layer-off"])
+    assert queues == {
+        "default": ["specforge_bf16-2600", "speculators_fp8-2600"],
+        "default-2": ["speculators_bf16-2600", "specforge_bf16-1300", "speculators_bf16-1300"],
+        "layer-off": ["speculators_layer_off-2600"],
+    }
+    alone = bench.server_queues(names[:4], ["default"])
+    assert alone == {"default": ["specforge_bf16-2600", "speculators_bf16-2600", "specforge_bf16-1300", "speculators_bf16-1300"]}
