@@ -232,7 +232,6 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-
 # -- 1. the target and the conversations ----------------------------------------------------------------------------
 def make_target(args: argparse.Namespace, work: Path, device: torch.device) -> tuple[dict[str, Any], dict[str, list[Any]]]:
     """The target, trained on both kinds' train conversations; returns its report and the conversations
