@@ -233,33 +233,47 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 # -- 1. the target and the conversations ----------------------------------------------------------------------------
+class Corpus:
+    """The standard library's files split by file into train and held-out, and each kind's conversations
+    of both (deterministic: the same Python gives the same corpus, so a later call can rebuild the pool)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.sources = target_lib.stdlib_sources(args.corpus_bytes)
+        self.train_sources = [s for s in self.sources if not target_lib.is_heldout(s, args.heldout_percent)]
+        self.heldout_sources = [s for s in self.sources if target_lib.is_heldout(s, args.heldout_percent)]
+        makers = {"code": target_lib.code_conversations, "prose": target_lib.prose_conversations}
+        self.train = {kind: make(self.train_sources, args.user_lines, args.assistant_lines) for kind, make in makers.items()}
+        self.heldout = {kind: make(self.heldout_sources, args.user_lines, args.assistant_lines) for kind, make in makers.items()}
+        self.all_train = [row for kind in KINDS for row in self.train[kind]]
+        self.all_heldout = [row for kind in KINDS for row in self.heldout[kind]]
+
+    def conversations(self, heldout_per_kind: int) -> dict[str, list[Any]]:
+        """``train``: the pool, both kinds shuffled once; ``heldout-<kind>``: a sample of each kind."""
+        out = {"train": sample(self.all_train, len(self.all_train), 1)}
+        out.update({f"heldout-{kind}": sample(self.heldout[kind], heldout_per_kind, 2) for kind in KINDS})
+        return out
+
+
 def make_target(args: argparse.Namespace, work: Path, device: torch.device) -> tuple[dict[str, Any], dict[str, list[Any]]]:
     """The target, trained on both kinds' train conversations; returns its report and the conversations
-    (``train``: the pool, both kinds shuffled once; ``heldout-<kind>``)."""
-    sources = target_lib.stdlib_sources(args.corpus_bytes)
-    train_sources = [s for s in sources if not target_lib.is_heldout(s, args.heldout_percent)]
-    heldout_sources = [s for s in sources if target_lib.is_heldout(s, args.heldout_percent)]
-    makers = {"code": target_lib.code_conversations, "prose": target_lib.prose_conversations}
-    train = {kind: make(train_sources, args.user_lines, args.assistant_lines) for kind, make in makers.items()}
-    heldout = {kind: make(heldout_sources, args.user_lines, args.assistant_lines) for kind, make in makers.items()}
+    (:meth:`Corpus.conversations`)."""
+    corpus = Corpus(args)
     shape = target_lib.TargetShape(layers=args.target_layers, hidden=args.target_hidden, heads=args.target_hidden // 64,
                                    intermediate=args.target_hidden * 8 // 3 // 64 * 64, vocab_size=args.vocab_size)  # fmt: skip
     training = target_lib.TargetTraining(steps=args.target_steps, batch=args.target_batch, seq_len=args.target_seq_len,
                                          max_seconds=args.target_max_s)  # fmt: skip
-    all_train = [row for kind in KINDS for row in train[kind]]
-    all_heldout = [row for kind in KINDS for row in heldout[kind]]
-    report = target_lib.build_target(work / "target", all_train, all_heldout, train_sources, shape, training, device)
+    report = target_lib.build_target(
+        work / "target", corpus.all_train, corpus.all_heldout, corpus.train_sources, shape, training, device
+    )
     report.update(
         sha256=file_sha256(work / "target" / "model.safetensors"),
-        corpus_files=len(sources),
-        train_files=len(train_sources),
-        heldout_files=len(heldout_sources),
-        train_conversations={kind: len(rows) for kind, rows in train.items()},
-        heldout_conversations={kind: len(rows) for kind, rows in heldout.items()},
+        corpus_files=len(corpus.sources),
+        train_files=len(corpus.train_sources),
+        heldout_files=len(corpus.heldout_sources),
+        train_conversations={kind: len(rows) for kind, rows in corpus.train.items()},
+        heldout_conversations={kind: len(rows) for kind, rows in corpus.heldout.items()},
     )
-    conversations = {"train": sample(all_train, len(all_train), 1)}
-    conversations.update({f"heldout-{kind}": sample(heldout[kind], args.heldout_conversations, 2) for kind in KINDS})
-    return report, conversations
+    return report, corpus.conversations(args.heldout_conversations)
 
 
 def file_sha256(path: Path) -> str:
@@ -283,22 +297,50 @@ def regenerate(args: argparse.Namespace, work: Path, server: Server, conversatio
     for name, rows in conversations.items():
         write_jsonl(work / f"conv-{name}.jsonl", rows)
     steps: dict[str, Any] = parallel(
-        {
-            f"regenerate_{name}": [
-                "regenerate", "--server", server.url, "--dataset", str(work / f"conv-{name}.jsonl"),
-                "--output", str(work / f"regen-{name}.jsonl"), "--model", str(work / "target"),
-                "--max-new-tokens", str(args.max_new_tokens), "--temperature", "0", "--concurrency", "128",
-            ]
-            for name in conversations
-        },
-        work / "logs",
-    )  # fmt: skip
+        {f"regenerate_{name}": regenerate_argv(args, work, server, name) for name in conversations}, work / "logs"
+    )
     steps["rows"] = {name: len(read_jsonl(work / f"regen-{name}.jsonl")) for name in conversations}
     return steps
 
 
-def prepare_all(work: Path, sizes: list[int]) -> dict[str, Any]:
-    """Each size's train rows (a prefix of the regenerated pool) in both conventions, and each held-out
+def regenerate_argv(args: argparse.Namespace, work: Path, server: Server, name: str) -> list[str]:
+    """``conv-<name>.jsonl`` regenerated greedily into ``regen-<name>.jsonl``."""
+    return ["regenerate", "--server", server.url, "--dataset", str(work / f"conv-{name}.jsonl"),
+            "--output", str(work / f"regen-{name}.jsonl"), "--model", str(work / "target"),
+            "--max-new-tokens", str(args.max_new_tokens), "--temperature", "0", "--concurrency", "128"]  # fmt: skip
+
+
+def extend_pool(args: argparse.Namespace, work: Path, server: Server) -> dict[str, Any]:
+    """A bundle's pool grown to ``--pool``: the pool rebuilt (the same corpus, the same shuffle), checked
+    against the bundle's rows, and the rows after them regenerated by the same target and appended, so
+    every size stays a prefix of one pool."""
+    regenerated = read_jsonl(work / "regen-train.jsonl")
+    if args.pool <= len(regenerated):
+        return {"rows": len(regenerated), "added": 0}
+    pool = Corpus(args).conversations(0)["train"][: args.pool]
+    for index, (have, rebuilt) in enumerate(zip(regenerated, pool, strict=False)):
+        if (have.get("source"), first_turn(have)) != (rebuilt.get("source"), first_turn(rebuilt)):
+            raise ValueError(
+                f"the bundle's pool row {index} ({have.get('source')}) is not the rebuilt pool's ({rebuilt.get('source')}): "
+                "this Python's standard library or the conversation settings differ from the bundle's call; "
+                "measure within the bundle's pool (--pool, --sizes) or make a new bundle"
+            )
+    write_jsonl(work / "conv-train-more.jsonl", pool[len(regenerated) :])
+    steps = parallel({"regenerate_train_more": regenerate_argv(args, work, server, "train-more")}, work / "logs")
+    more = read_jsonl(work / "regen-train-more.jsonl")
+    grown = work / "regen-train.jsonl.grown"
+    write_jsonl(grown, regenerated + more)
+    os.replace(grown, work / "regen-train.jsonl")
+    return {**steps, "rows": len(regenerated) + len(more), "added": len(more), "from_bundle": len(regenerated)}
+
+
+def first_turn(row: dict[str, Any]) -> str:
+    turns = row.get("conversations") or []
+    return str(turns[0].get("value")) if turns else ""
+
+
+def prepare_all(work: Path, sizes: list[int], likes: tuple[str, ...]) -> dict[str, Any]:
+    """Each size's train rows (a prefix of the regenerated pool) in each convention of ``likes``, and each held-out
     kind as speculators prepares it (what the measure reads), at once."""
     pool = read_jsonl(work / "regen-train.jsonl")
     if max(sizes) > len(pool):
@@ -306,7 +348,7 @@ def prepare_all(work: Path, sizes: list[int]) -> dict[str, Any]:
     commands: dict[str, list[str]] = {}
     for size in sizes:
         write_jsonl(work / f"regen-train-{size}.jsonl", pool[:size])
-        for like in ("specforge", "speculators"):
+        for like in likes:
             commands[f"prepare_{like}_{size}"] = prepare_argv(work, like, f"regen-train-{size}.jsonl", f"prep-{like}-{size}")
     for kind in KINDS:
         dataset = f"regen-heldout-{kind}.jsonl"
@@ -327,7 +369,8 @@ def extract_all(args: argparse.Namespace, work: Path, servers: dict[str, Server]
     the servers at once."""
     jobs: dict[str, tuple[str, str, list[str]]] = {}
     for size in sizes:
-        jobs[f"specforge_bf16-{size}"] = ("specforge", f"prep-specforge-{size}", [])
+        if args.specforge:
+            jobs[f"specforge_bf16-{size}"] = ("specforge", f"prep-specforge-{size}", [])
         jobs[f"speculators_bf16-{size}"] = ("speculators", f"prep-speculators-{size}", [])
     largest = max(sizes)
     if args.wrong_data:
@@ -735,9 +778,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sizes", type=sizes_arg, default=sizes_arg("1300,4000,all"),
                         help="train-set sizes (conversations; all: the whole pool) this call measures")  # fmt: skip
     parser.add_argument("--pool", type=int, default=None,
-                        help="train conversations to regenerate (default: the largest size); more: for later calls")  # fmt: skip
+                        help="train conversations to regenerate (default: the largest size); more: for later calls. "
+                             "With --bundle-in, rows past the bundle's are regenerated and appended")  # fmt: skip
     parser.add_argument("--no-wrong-data", dest="wrong_data", action="store_false",
                         help="leave out FP8 and the layer-off and shifted drafters (largest size)")  # fmt: skip
+    parser.add_argument("--no-specforge", dest="specforge", action="store_false",
+                        help="leave out SpecForge this call (the long pole at the largest sizes); speculators stays")  # fmt: skip
     parser.add_argument("--extract-servers", type=int, default=2,
                         help="servers on the default layers extracting at once (one extractor a server; each "
                              "is one more hsextract serve on the GPU)")  # fmt: skip
@@ -804,13 +850,17 @@ def main() -> int:
     servers = start_servers(args, work)
     try:
         results.stage("server_ready_s", {name: server.ready_s for name, server in servers.items()})
-        if not args.bundle_in:
+        if args.bundle_in:
+            results.stage("extend_pool", extend_pool(args, work, servers["default"]))
+        else:
             results.stage("regenerate", regenerate(args, work, servers["default"], conversations))
             if args.bundle_out:
                 results.stage("bundle_out", drafter_bundle.save(work, BUNDLE_MEMBERS, args.bundle_out))
         pool_size = len(read_jsonl(work / "regen-train.jsonl"))  # "all": the whole regenerated pool
         args.sizes = sorted({min(size, pool_size) for size in args.sizes})
-        results.stage("prepare", prepare_all(work, args.sizes))
+        results.stage(
+            "prepare", prepare_all(work, args.sizes, ("specforge", "speculators") if args.specforge else ("speculators",))
+        )
         extracted = extract_all(args, work, servers, args.sizes)
         results.stage("extract", {"seconds": round(max(v.get("seconds", 0) for v in extracted.values()), 1)})
     finally:
