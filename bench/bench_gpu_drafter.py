@@ -14,10 +14,11 @@ On one GPU, over one or more device calls (``make bench-gpu-drafter``; every fig
 3. **Our pipeline, as a user runs it**, every step a ``hsextract`` command at the CLI's defaults (the
    spot check included): ``regenerate`` through the embedded server (greedy) of the pool and of each
    held-out kind; then for each size ``prepare`` in both conventions, ``extract`` as specforge (bf16)
-   and as speculators (bf16; unless ``--no-wrong-data`` also FP8 and one layer later), ``verify``.
+   and as speculators (bf16; unless ``--no-wrong-data`` also FP8 and one layer later), ``verify``. A
+   server takes one extractor at a time, so the outputs are spread over ``--extract-servers`` servers.
 4. **The trainers' own training loops**, as subprocesses of their released CLIs, all at once on the GPU:
    speculators 0.9.0 (``drafter_speculators.py``) and SpecForge 0.2.0's offline EAGLE-3 trainer
-   (``drafter_specforge.py``) at every size; unless ``--no-wrong-data``, at the call's largest size,
+   (``drafter_specforge.py``) at every size (unless ``--no-specforge``); unless ``--no-wrong-data``, at the call's largest size,
    speculators on FP8 and on two deliberately wrong datasets: ``layer_off`` (extracted one layer later
    but configured, so served, on the default layers) and ``shifted`` (every state one token late).
 5. **The measure** (``hsextract.evaluate``), per held-out kind: the target's greedy next tokens and aux
@@ -28,7 +29,8 @@ On one GPU, over one or more device calls (``make bench-gpu-drafter``; every fig
 
 A device call is 10 minutes at most, so a curve is split across calls: ``--bundle-out`` saves the
 target and the regenerated conversations (in parts a call can bring back), ``--bundle-in`` starts a
-later call from them, and ``--append`` adds its sizes to the results file, refusing another target.
+later call from them (growing the pool to ``--pool`` with the same target when asked), and ``--append``
+adds its sizes to the results file, refusing another target.
 The curve and the verdict (``drafter_curve.py``) are recomputed from every size measured.
 
 ``--quick``: the same chain at a fraction of the sizes (a first run on a new machine).
