@@ -7,6 +7,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -178,3 +179,20 @@ def test_outputs_spread_over_the_servers_largest_first_and_layer_off_on_its_own(
     }
     alone = bench.server_queues(names[:4], ["default"])
     assert alone == {"default": ["specforge_bf16-2600", "speculators_bf16-2600", "specforge_bf16-1300", "speculators_bf16-1300"]}
+
+
+def test_a_bundles_pool_is_grown_only_when_it_is_this_corpuss_pool(tmp_path: Path) -> None:
+    args = bench.parse_args(["--corpus-bytes", "300000", "--sizes", "20", "--pool", "20", "--bundle-in", str(tmp_path)])
+    pool = bench.Corpus(args).conversations(0)["train"]
+    assert len(pool) > 30
+    bench.write_jsonl(tmp_path / "regen-train.jsonl", pool[:20])
+    no_server = cast(bench.Server, None)  # neither case reaches the server
+    assert bench.extend_pool(args, tmp_path, no_server) == {"rows": 20, "added": 0}
+
+    other = [*pool[:3], pool[25], *pool[4:20]]  # row 3 is not the rebuilt pool's row 3
+    bench.write_jsonl(tmp_path / "regen-train.jsonl", other)
+    args.pool = 30
+    with pytest.raises(ValueError, match="pool row 3 .* make a new bundle"):
+        bench.extend_pool(args, tmp_path, no_server)
+    assert not (tmp_path / "conv-train-more.jsonl").exists()
+    assert len(bench.read_jsonl(tmp_path / "regen-train.jsonl")) == 20
