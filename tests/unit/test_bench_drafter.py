@@ -192,7 +192,7 @@ def test_a_bundles_pool_is_grown_only_when_it_is_this_corpuss_pool(tmp_path: Pat
     other = [*pool[:3], pool[25], *pool[4:20]]  # row 3 is not the rebuilt pool's row 3
     bench.write_jsonl(tmp_path / "regen-train.jsonl", other)
     args.pool = 30
-    with pytest.raises(ValueError, match="pool row 3 .* make a new bundle"):
+    with pytest.raises(ValueError, match=r"pool row 3 .* make a new bundle"):
         bench.extend_pool(args, tmp_path, no_server)
     assert not (tmp_path / "conv-train-more.jsonl").exists()
     assert len(bench.read_jsonl(tmp_path / "regen-train.jsonl")) == 20
