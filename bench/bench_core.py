@@ -12,6 +12,9 @@
    By default each forward holds one request (--max-batch-tokens 1): the engine batches whatever
    has arrived, and arrival timing differs between HTTP and in-process submission, so larger
    batches would measure batch formation rather than the extractor's overhead.
+   Each speculators output is also verified: ``verify_vs_read_ratio`` is the seconds of reading its sample
+   files' bytes against those of ``hsextract verify`` (which reads, checksums, loads and checks them), both
+   from the page cache, per storage.
 3. fp8_vs_bf16_dump_bytes: hidden.safetensors bytes of one FP8 dump (``contract.fp8``: the K aux and
    the pre-norm final state quantized per token) against the bf16 dump of the same rows (aux, final,
    and the pre-norm final speculators needs), and the CPU seconds of the quantization
@@ -57,6 +60,7 @@ from hsextract.contract.files.fp8 import bytes_per_token, quantize_per_token
 from hsextract.contract.rids import make_rid
 from hsextract.dev.sample_data import make_sample_data
 from hsextract.dev.tiny_model import make_tiny_model
+from hsextract.output.verify import verify_output
 
 log = logging.getLogger("bench_core")
 TARGETS = {"pack_vs_copy_ratio": 0.7, "e2e_vs_forward_ratio": 0.9}
@@ -222,6 +226,7 @@ def bench_e2e(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         server = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT)
     fwd, e2e, plan = [], [], []  # seconds per repeat
     storages: dict[str, list[tuple[float, int]]] = {"auto": [], "float8_e4m3fn": []}  # speculators: (seconds, bytes)
+    verified: dict[str, list[tuple[float, float]]] = {storage: [] for storage in storages}  # (verify, read) seconds
     try:
         _wait_healthy(url, server, 300.0, log_path)
         for repeat in range(args.e2e_repeats):  # alternating, so drift on a shared machine hits both alike
@@ -230,6 +235,7 @@ def bench_e2e(work: Path, args: argparse.Namespace) -> dict[str, Any]:
             for storage in storages if repeat % 2 == 0 else reversed(storages):
                 out = work / f"speculators-{storage}-{repeat}"
                 storages[storage].append(extract_seconds(url, data, out, args, n, format="speculators", storage=storage))
+                verified[storage].append(verify_seconds(out))
                 shutil.rmtree(out)
             started = time.perf_counter()
             load_samples(data)
@@ -255,7 +261,31 @@ def bench_e2e(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         "samples": n,
         "tokens": tokens,
         "speculators_model_dtype_vs_fp8": {"model_dtype": args.model_dtype, **storage_figures(storages, tokens)},
+        "speculators_verify": verify_figures(verified, n),
     }
+
+
+def verify_seconds(output: Path) -> tuple[float, float]:
+    """Seconds of ``verify_output`` on a complete output, then of reading its sample files' bytes."""
+    started = time.perf_counter()
+    report = verify_output(output)
+    verify_s = time.perf_counter() - started
+    if not report.ok:
+        raise RuntimeError(report.summary())
+    files = [output / json.loads(line)["file"] for line in (output / "samples.jsonl").read_text().splitlines()]
+    started = time.perf_counter()
+    for file in files:
+        file.read_bytes()
+    return verify_s, time.perf_counter() - started
+
+
+def verify_figures(runs: dict[str, list[tuple[float, float]]], samples: int) -> dict[str, Any]:
+    """Per storage: verify's milliseconds a sample, and reading's seconds over verify's (1.0: verify as fast as a read)."""
+    out: dict[str, Any] = {}
+    for storage, pairs in runs.items():
+        verify_s, read_s = statistics.median(v for v, _ in pairs), statistics.median(r for _, r in pairs)
+        out[storage] = {"verify_ms_per_sample": 1e3 * verify_s / samples, "verify_vs_read_ratio": read_s / verify_s}
+    return out
 
 
 def storage_figures(runs: dict[str, list[tuple[float, int]]], tokens: int) -> dict[str, Any]:
@@ -330,6 +360,10 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
             f"(bytes x{side['fp8_vs_model_dtype_bytes_ratio']:.3f}, "
             f"tokens/s x{side['fp8_vs_model_dtype_tokens_per_s_ratio']:.2f})"
         )
+    if "speculators_verify" in result:
+        lines.append("verify         " + "; ".join(
+            f"{storage}: {v['verify_ms_per_sample']:.1f} ms a sample, read/verify {v['verify_vs_read_ratio']:.2f}"
+            for storage, v in result["speculators_verify"].items()))  # fmt: skip
     return lines
 
 

@@ -114,3 +114,23 @@ def test_the_expected_size_of_a_dump_is_the_size_of_its_tensors(tmp_path, layout
     )  # fmt: skip
     assert expect.dump_bytes(tokens) == held
     assert DumpExpectation(aux, [a + 1 for a in aux], hidden, None, False).dump_bytes(tokens) is None  # dtype not known
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_all_finite_reads_views_in_place_and_only_what_they_show(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stored speculators sample's aux and final states are views of one [T, K+1, H] tensor (verify reads
+    them without a copy): a bad value outside a view is not the view's, one inside is found, in any chunk."""
+    import hsextract.contract.files.finite as finite
+
+    monkeypatch.setattr(finite, "_CHUNK", 64)  # many leading-axis chunks of a small tensor
+    hidden = torch.randn(50, K + 1, H).to(dtype)
+    hidden[7, K, 2] = float("nan")  # in the final slot only
+    aux, final = hidden[:, :-1], hidden[:, -1]
+    assert not aux.is_contiguous() and not final.is_contiguous()
+    assert all_finite(aux) and not all_finite(final)
+    for index in ((0, 0, 0), (31, 1, 5), (49, K - 1, H - 1)):
+        poisoned = hidden.clone()
+        poisoned[index] = float("inf")
+        assert not all_finite(poisoned[:, :-1]), index
+        assert not all_finite(poisoned.transpose(0, 2)), index
+    assert all_finite(torch.randn(H, 50).to(dtype).t()[:, 1:])
