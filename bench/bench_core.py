@@ -54,13 +54,13 @@ from hsextract.api import (
     SpecForgeFormat,
     iter_raw_rows,
     validate_row,
+    verify_output,
 )
 from hsextract.contract.files.dumps import HIDDEN_FILE, DumpSource, read_dump, write_dump, write_fp8_dump
 from hsextract.contract.files.fp8 import bytes_per_token, quantize_per_token
 from hsextract.contract.rids import make_rid
 from hsextract.dev.sample_data import make_sample_data
 from hsextract.dev.tiny_model import make_tiny_model
-from hsextract.output.verify import verify_output
 
 log = logging.getLogger("bench_core")
 TARGETS = {"pack_vs_copy_ratio": 0.7, "e2e_vs_forward_ratio": 0.9}

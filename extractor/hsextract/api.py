@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from hsextract.output.formats import open_format
     from hsextract.output.formats.specforge import SpecForgeFormat
     from hsextract.output.sample import Sample
+    from hsextract.output.verify import VerifyReport, verify_output
     from hsextract.prepare.config import PrepareConfig
     from hsextract.prepare.run import run_prepare
 
@@ -46,6 +47,9 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "validate_row": ("hsextract.extract.planning.dataset", "validate_row"),
     "open_format": ("hsextract.output.formats", "open_format"),
     "SpecForgeFormat": ("hsextract.output.formats.specforge", "SpecForgeFormat"),
+    # ``hsextract verify``, in this process
+    "verify_output": ("hsextract.output.verify", "verify_output"),
+    "VerifyReport": ("hsextract.output.verify", "VerifyReport"),
     # the embedded server, as ``hsextract serve`` runs it, in this process
     "ServeConfig": ("hsextract.capture.embedded.config", "ServeConfig"),
     "Engine": ("hsextract.capture.embedded", "Engine"),
@@ -76,11 +80,13 @@ __all__ = [
     "Sample",
     "ServeConfig",
     "SpecForgeFormat",
+    "VerifyReport",
     "dump_sink",
     "iter_raw_rows",
     "open_format",
     "run_prepare",
     "validate_row",
+    "verify_output",
 ]
 
 

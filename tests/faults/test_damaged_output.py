@@ -3,6 +3,7 @@ repairs exactly what is damaged."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -92,4 +93,50 @@ def test_a_wrong_or_missing_token_freq_is_reported_and_rewritten(models, start_s
     rerun = run_extract(server.url, dataset, output, "--format", "speculators")
     assert rerun.returncode == 0, rerun.stderr
     assert torch.load(freq_file, weights_only=True) == counts
+    assert _verify_cli(output).returncode == 0
+
+
+def test_a_speculators_index_that_disagrees_with_the_files_is_reported(models, start_server, tmp_path: Path) -> None:
+    """data/ (what the trainer reads for input_ids and seq_len) against each row's file: an entry that
+    differs and rows past data/'s end are named, row by row."""
+    import datasets
+
+    server = start_server(models["main"])
+    dataset = write_rows(tmp_path / "data.jsonl", make_rows(5, seed=13))
+    output = tmp_path / "out"
+    run_extraction(server.url, dataset, output, concurrency=1, format="speculators")
+    assert _verify_cli(output).returncode == 0
+    data = output / "data"
+    table = datasets.load_from_disk(str(data)).with_format(None).to_dict()
+    table["input_ids"][1] = [*table["input_ids"][1][:-1], table["input_ids"][1][-1] + 1]  # one token of row 1
+    table["seq_len"][2] += 1  # row 2's length
+    shorter = {key: values[:4] for key, values in table.items()}  # row 4 past the end
+    features = datasets.load_from_disk(str(data)).features
+
+    def replace_data(torch_format: bool) -> None:
+        damaged = datasets.Dataset.from_dict(shorter, features=features)
+        if torch_format:
+            damaged.set_format("torch")
+        shutil.rmtree(tmp_path / "damaged", ignore_errors=True)
+        damaged.save_to_disk(str(tmp_path / "damaged"))
+        shutil.rmtree(data)
+        (tmp_path / "damaged").rename(data)
+
+    replace_data(torch_format=True)
+    report = _verify_cli(output)
+    assert report.returncode == 1 and "Traceback" not in report.stdout + report.stderr, report.stdout + report.stderr
+    for row in (1, 2):
+        assert f"row {row}: data/ input_ids or seq_len differ from hs_{row}.safetensors" in report.stdout, report.stdout
+    assert "row 0: data/" not in report.stdout and "row 3: data/" not in report.stdout
+    assert "row 4 is written but data/ has only 4 entries" in report.stdout, report.stdout
+    assert "not torch" not in report.stdout
+
+    replace_data(torch_format=False)  # what the trainer cannot read: named, with the fix, never a traceback
+    report = _verify_cli(output)
+    assert report.returncode == 1 and "Traceback" not in report.stdout + report.stderr, report.stdout + report.stderr
+    assert "data/ is stored in the plain format, not torch" in report.stdout, report.stdout
+    assert "row 1: data/ input_ids or seq_len differ" in report.stdout, report.stdout
+
+    rerun = run_extract(server.url, dataset, output, "--format", "speculators")  # rewrites data/ from the rows
+    assert rerun.returncode == 0, rerun.stderr
     assert _verify_cli(output).returncode == 0
