@@ -18,9 +18,10 @@ On one GPU, over one or more device calls (``make bench-gpu-drafter``; every fig
    server takes one extractor at a time, so the outputs are spread over ``--extract-servers`` servers.
 4. **The trainers' own training loops**, as subprocesses of their released CLIs, all at once on the GPU:
    speculators 0.9.0 (``drafter_speculators.py``) and SpecForge 0.2.0's offline EAGLE-3 trainer
-   (``drafter_specforge.py``) at every size (unless ``--no-specforge``); unless ``--no-wrong-data``, at the call's largest size,
-   speculators on FP8 and on two deliberately wrong datasets: ``layer_off`` (extracted one layer later
-   but configured, so served, on the default layers) and ``shifted`` (every state one token late).
+   (``drafter_specforge.py``) at every size (unless ``--no-specforge``); unless ``--no-wrong-data``, at
+   the call's largest size, speculators on FP8 and on two deliberately wrong datasets: ``layer_off``
+   (extracted one layer later but configured, so served, on the default layers) and ``shifted`` (every
+   state one token late).
 5. **The measure** (``hsextract.evaluate``), per held-out kind: the target's greedy next tokens and aux
    states from its own transformers forward at the layers each drafter's config names; each drafter's
    guesses at draft positions 1..k drafting on its own earlier guesses, chain acceptance against the
@@ -176,7 +177,6 @@ class Server:
     waiting; :meth:`wait_ready` waits for its health check, so several start together."""
 
     def __init__(self, model: Path, work: Path, name: str, device: str, layer_ids: list[int] | None = None) -> None:
-        self.name = name
         self.log_path = work / f"server-{name}.log"
         self.dump_dir = Path("/dev/shm") / f"hsx-drafter-{name}-{os.getpid()}"
         port = e2e.free_port()
@@ -790,7 +790,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="servers on the default layers extracting at once (one extractor a server; each "
                              "is one more hsextract serve on the GPU)")  # fmt: skip
     parser.add_argument("--no-verify", dest="verify", action="store_false",
-                        help="skip hsextract verify after the extractions (it rereads every file: minutes)")  # fmt: skip
+                        help="skip hsextract verify after the extractions (it rereads every file)")  # fmt: skip
     parser.add_argument("--bundle-out", type=Path, default=None, help="save the target and regenerated conversations here")
     parser.add_argument("--bundle-in", type=Path, default=None, help="start from a bundle: no target training, no regeneration")
     parser.add_argument("--wall-budget-s", type=float, default=None,
