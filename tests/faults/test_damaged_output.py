@@ -113,8 +113,9 @@ def test_a_speculators_index_that_disagrees_with_the_files_is_reported(models, s
     shorter = {key: values[:4] for key, values in table.items()}  # row 4 past the end
     features = datasets.load_from_disk(str(data)).features
 
-    def replace_data(torch_format: bool) -> None:
+    def replace_data(torch_format: bool, drop: str = "") -> None:
         damaged = datasets.Dataset.from_dict(shorter, features=features)
+        damaged = damaged.remove_columns([drop]) if drop else damaged
         if torch_format:
             damaged.set_format("torch")
         shutil.rmtree(tmp_path / "damaged", ignore_errors=True)
@@ -136,6 +137,11 @@ def test_a_speculators_index_that_disagrees_with_the_files_is_reported(models, s
     assert report.returncode == 1 and "Traceback" not in report.stdout + report.stderr, report.stdout + report.stderr
     assert "data/ is stored in the plain format, not torch" in report.stdout, report.stdout
     assert "row 1: data/ input_ids or seq_len differ" in report.stdout, report.stdout
+
+    replace_data(torch_format=True, drop="seq_len")  # a column the trainer reads is gone
+    report = _verify_cli(output)
+    assert report.returncode == 1 and "Traceback" not in report.stdout + report.stderr, report.stdout + report.stderr
+    assert "data/ has no seq_len column" in report.stdout, report.stdout
 
     rerun = run_extract(server.url, dataset, output, "--format", "speculators")  # rewrites data/ from the rows
     assert rerun.returncode == 0, rerun.stderr

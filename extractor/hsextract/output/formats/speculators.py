@@ -227,6 +227,10 @@ class SpeculatorsFormat(OutputFormat):
         except Exception as exc:
             problem(f"data/ cannot be loaded with datasets.load_from_disk: {exc}")
             return
+        lacking = [column for column in ("input_ids", "loss_mask", "seq_len") if column not in data.column_names]
+        if lacking:
+            problem(f"data/ has no {', '.join(lacking)} column (speculators' trainer reads them); {_REFINALIZE}")
+            return
         if (data.format or {}).get("type") != "torch":
             problem(
                 f"data/ is stored in the {(data.format or {}).get('type') or 'plain'} format, not torch: speculators' "
