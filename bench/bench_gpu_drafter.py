@@ -208,8 +208,7 @@ def start_servers(args: argparse.Namespace, work: Path) -> dict[str, Server]:
     for index in range(2, args.extract_servers + 1):
         servers[f"default-{index}"] = Server(target, work, f"default-{index}", args.device)
     if args.wrong_data:
-        off_ids = [i + 1 for i in default_layer_ids(target)]
-        servers["layer-off"] = Server(target, work, "layer-off", args.device, layer_ids=off_ids)
+        servers["layer-off"] = Server(target, work, "layer-off", args.device, layer_ids=layer_off_ids(target))
     try:
         for server in servers.values():  # each one's seconds from the common start
             server.wait_ready()
@@ -377,21 +376,27 @@ def extract_all(args: argparse.Namespace, work: Path, servers: dict[str, Server]
     largest = max(sizes)
     if args.wrong_data:
         jobs[f"speculators_fp8-{largest}"] = ("speculators", f"prep-speculators-{largest}", ["--storage", "float8_e4m3fn"])
-        off_ids = [i + 1 for i in default_layer_ids(work / "target")]
-        jobs[f"speculators_layer_off-{largest}"] = ("speculators", f"prep-speculators-{largest}",
-                                                    ["--layer-ids", ",".join(map(str, off_ids))])  # fmt: skip
+        off_ids = ",".join(map(str, layer_off_ids(work / "target")))
+        jobs[f"speculators_layer_off-{largest}"] = ("speculators", f"prep-speculators-{largest}", ["--layer-ids", off_ids])
     queues = server_queues(list(jobs), list(servers))
-    commands = {name: extract_argv(servers[server].url, work, name, *jobs[name])
-                for server, names in queues.items() for name in names}  # fmt: skip
-    ran = run_queues({server: {f"extract_{n}": commands[n] for n in names} for server, names in queues.items()}, work / "logs")
+    server_of = {name: server for server, names in queues.items() for name in names}
+    ran = run_queues(
+        {server: {f"extract_{n}": extract_argv(servers[server].url, work, n, *jobs[n]) for n in names}
+         for server, names in queues.items()},
+        work / "logs",
+    )  # fmt: skip
     verified: dict[str, Any] = {}
     for name in jobs if args.verify else []:
         verified.update(parallel({f"verify_{name}": ["verify", str(work / f"out-{name}")]}, work / "logs"))
     out: dict[str, dict[str, Any]] = {}
     for name in jobs:
-        server = next(server for server, names in queues.items() if name in names)
         summary = output_summary(work / f"out-{name}", ran[f"extract_{name}"]["seconds"])
-        out[name] = {**ran[f"extract_{name}"], "server": server, "verify": verified.get(f"verify_{name}", "not run"), **summary}
+        out[name] = {
+            **ran[f"extract_{name}"],
+            "server": server_of[name],
+            "verify": verified.get(f"verify_{name}", "not run"),
+            **summary,
+        }
     if args.wrong_data:
         out[f"speculators_shifted-{largest}"] = shifted_copy(
             work / f"out-speculators_bf16-{largest}", work / f"out-speculators_shifted-{largest}"
@@ -438,6 +443,11 @@ def default_layer_ids(model: Path) -> list[int]:
     from hsextract.contract.layers import default_aux_layer_ids
 
     return default_aux_layer_ids(json.loads((model / "config.json").read_text())["num_hidden_layers"])
+
+
+def layer_off_ids(model: Path) -> list[int]:
+    """The default aux layers, each one later: what the ``layer_off`` data is extracted on."""
+    return [i + 1 for i in default_layer_ids(model)]
 
 
 def extract_argv(url: str, work: Path, name: str, fmt: str, data: str, extra: list[str]) -> list[str]:

@@ -231,9 +231,10 @@ class SpeculatorsFormat(OutputFormat):
         if lacking:
             problem(f"data/ has no {', '.join(lacking)} column (speculators' trainer reads them); {_REFINALIZE}")
             return
-        if (data.format or {}).get("type") != "torch":
+        stored_format = (data.format or {}).get("type")
+        if stored_format != "torch":
             problem(
-                f"data/ is stored in the {(data.format or {}).get('type') or 'plain'} format, not torch: speculators' "
+                f"data/ is stored in the {stored_format or 'plain'} format, not torch: speculators' "
                 f"trainer compares each entry's input_ids with torch.equal and stops with a TypeError; {_REFINALIZE}"
             )
         for row in sorted(r for r in rows if r >= len(data)):
