@@ -116,7 +116,8 @@ class Results:
         lookup = {kind: drafter_curve.tau(held.get("prompt_lookup")) for kind, held in self.data["heldout"].items()}
         self.data["curve"] = {kind: {name: {str(s): v for s, v in points.items()} for name, points in drafters.items()}
                               for kind, drafters in curves.items()}  # fmt: skip
-        self.data["verdict"] = drafter_curve.verdict(curves, {k: v for k, v in lookup.items() if v is not None})
+        lookup = {k: v for k, v in lookup.items() if v is not None}
+        self.data["verdict"] = drafter_curve.verdict(curves, lookup, drafter_curve.cut_short(self.data["sizes"]))
         self.save()
 
     def save(self) -> None:
@@ -326,6 +327,8 @@ def extend_pool(args: argparse.Namespace, work: Path, server: Server) -> dict[st
                 "this Python's standard library or the conversation settings differ from the bundle's call; "
                 "measure within the bundle's pool (--pool, --sizes) or make a new bundle"
             )
+    if len(pool) <= len(regenerated):  # the bundle holds the whole corpus already (--pool past it, or "all")
+        return {"rows": len(regenerated), "added": 0, "from_bundle": len(regenerated)}
     write_jsonl(work / "conv-train-more.jsonl", pool[len(regenerated) :])
     steps = parallel({"regenerate_train_more": regenerate_argv(args, work, server, "train-more")}, work / "logs")
     more = read_jsonl(work / "regen-train-more.jsonl")
@@ -575,6 +578,13 @@ def trainer_progress(log_path: Path) -> dict[str, Any]:
         found = re.findall(pattern, text, flags=re.IGNORECASE)
         if found:
             out[key] = int(found[-1])
+    # speculators logs "epoch 2/3 completed" (from 1) and progress bars "Epoch 2  64%" (from 0): a trainer
+    # stopped at the deadline has done the completed epochs and the last bar's share of the next
+    completed = [int(n) for n in re.findall(r"\bepoch (\d+)/\d+ completed", text)]
+    if completed:
+        done = max(completed)
+        bars = [int(pct) for n, pct in re.findall(r"\bEpoch (\d+)\s+(\d+)%", text) if int(n) == done]
+        out["epochs_done"] = round(done + (bars[-1] / 100 if bars else 0), 2)
     return out
 
 

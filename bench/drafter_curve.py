@@ -8,7 +8,8 @@ Sizes may come from several device calls (each size's figures are kept in the re
   correct-data drafter at least :data:`TARGETS` ``over_prompt_lookup`` x prompt lookup; at every size
   where both were measured, speculators bf16 above the layer-off drafter and at least ``over_shifted`` x
   the shifted one, FP8 within ``fp8_within`` of bf16; each curve drafter's acceptance rising with
-  every larger size (three sizes at least).
+  every larger size (three sizes at least). Drafters whose trainer was stopped at the call's deadline
+  are named per size (``cut_short``): such a point understates its drafter.
 """
 
 from __future__ import annotations
@@ -40,18 +41,35 @@ def curve(sizes: dict[str, Any]) -> dict[str, dict[str, dict[int, float]]]:
     return out
 
 
+def cut_short(sizes: dict[str, Any]) -> dict[int, dict[str, dict[str, Any]]]:
+    """By size, the drafters whose trainer the deadline stopped, with how far each got."""
+    out: dict[int, dict[str, dict[str, Any]]] = {}
+    for size, parts in sizes.items():
+        for part, job in parts.items():
+            if part.startswith("train_") and isinstance(job, dict) and "stopped_at_deadline_s" in job:
+                kept = {k: job[k] for k in ("stopped_at_deadline_s", "epochs_done", "last_step") if k in job}
+                out.setdefault(int(size), {})[part.removeprefix("train_")] = kept
+    return out
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
 
 
-def verdict(curves: dict[str, dict[str, dict[int, float]]], lookup: dict[str, float]) -> dict[str, Any]:
-    """The targets checked per held-out kind; ``all_passed`` only when every check was measured and passed."""
+def verdict(
+    curves: dict[str, dict[str, dict[int, float]]],
+    lookup: dict[str, float],
+    stopped: dict[int, dict[str, dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
+    """The targets checked per held-out kind; ``all_passed`` only when every check was measured and passed.
+    ``stopped`` (:func:`cut_short`) is reported at the largest size, not judged."""
     out: dict[str, Any] = {"targets": TARGETS, "kinds": {}}
     for kind, drafters in sorted(curves.items()):
         pl = lookup.get(kind)
         sizes = sorted({size for name in CURVE for size in drafters.get(name, {})})
         largest = sizes[-1] if sizes else None
         checks: dict[str, Any] = {"prompt_lookup": pl, "largest_size": largest}
+        checks["cut_short_at_largest"] = (stopped or {}).get(largest, {}) if largest is not None else {}
         at_largest = {name: drafters[name][largest] for name in CORRECT if largest in drafters.get(name, {})}
         best = max(at_largest, key=lambda name: at_largest[name]) if at_largest else None
         ratio = _ratio(at_largest.get(best) if best else None, pl)

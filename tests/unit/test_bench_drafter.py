@@ -196,3 +196,42 @@ def test_a_bundles_pool_is_grown_only_when_it_is_this_corpuss_pool(tmp_path: Pat
         bench.extend_pool(args, tmp_path, no_server)
     assert not (tmp_path / "conv-train-more.jsonl").exists()
     assert len(bench.read_jsonl(tmp_path / "regen-train.jsonl")) == 20
+
+
+def test_a_bundle_holding_the_whole_corpus_is_used_as_it_is(tmp_path: Path) -> None:
+    """--sizes all (the default --pool is then "all") on a bundle that holds every train conversation: nothing
+    is left to regenerate, so nothing is sent (it ran regenerate on an empty file, which stopped the H200 call)."""
+    args = bench.parse_args(["--corpus-bytes", "300000", "--sizes", "all", "--bundle-in", str(tmp_path)])
+    pool = bench.Corpus(args).conversations(0)["train"]
+    bench.write_jsonl(tmp_path / "regen-train.jsonl", pool)
+    no_server = cast(bench.Server, None)  # nothing is regenerated
+    assert args.pool > len(pool)
+    assert bench.extend_pool(args, tmp_path, no_server) == {"rows": len(pool), "added": 0, "from_bundle": len(pool)}
+    assert not (tmp_path / "conv-train-more.jsonl").exists()
+
+
+def test_a_trainer_stopped_at_the_deadline_reports_how_far_it_got(tmp_path: Path) -> None:
+    """speculators 0.9's own lines (from the H200 log of a trainer stopped in its third epoch)."""
+    log_path = tmp_path / "train.log"
+    log_path.write_text(
+        "[15:33:28] INFO     Training epoch 1/3 completed                  trainer.py:739\n"
+        "Epoch 1 100% ━━━━━━━━━━━━━━━━━━━━━━━━━━ 421/421  [ 0:00:22 < 0:00:00 , 19 it/s ]\n"
+        "[15:33:30] INFO     Training epoch 2/3 completed                  trainer.py:739\n"
+        "           INFO     Validation epoch 2/3 completed                trainer.py:756\n"
+        "           INFO     Training epoch 3/3 started                    trainer.py:737\n"
+        "Epoch 2  64% ━━━━━━━━━━━━━━━━╸          268/421  [ 0:00:15 < 0:00:09 , 17 it/s ]\n"
+    )
+    assert bench.trainer_progress(log_path)["epochs_done"] == 2.64
+    log_path.write_text("Training epoch 3/3 completed\nEpoch 2 100% ━━ 421/421\n")
+    assert bench.trainer_progress(log_path)["epochs_done"] == 3
+
+    sizes = {
+        "1300": {"train_speculators_bf16": {"rc": 0, "seconds": 90.0}},
+        "9000": {"train_speculators_bf16": {"rc": 0, "stopped_at_deadline_s": 239, "epochs_done": 2.64},
+                 "train_speculators_fp8": {"rc": 0, "seconds": 200.0}, "extract_speculators_bf16": {"rc": 0}},
+    }  # fmt: skip
+    stopped = curve.cut_short(sizes)
+    assert stopped == {9000: {"speculators_bf16": {"stopped_at_deadline_s": 239, "epochs_done": 2.64}}}
+    verdict = curve.verdict({"code": GOOD}, {"code": 2.0}, stopped)
+    assert verdict["kinds"]["code"]["cut_short_at_largest"] == stopped[9000]
+    assert verdict["all_passed"]  # reported, not judged
