@@ -32,7 +32,8 @@ A device call is 10 minutes at most, so a curve is split across calls: ``--bundl
 target and the regenerated conversations (in parts a call can bring back), ``--bundle-in`` starts a
 later call from them (growing the pool to ``--pool`` with the same target when asked), and ``--append``
 adds its sizes to the results file, refusing another target.
-The curve and the verdict (``drafter_curve.py``) are recomputed from every size measured.
+The curve and the verdict (``drafter_curve.py``) are recomputed from every size measured; a trainer
+the call's deadline stopped is measured from its last checkpoint and named there with the epochs it did.
 
 ``--quick``: the same chain at a fraction of the sizes (a first run on a new machine).
 """
@@ -543,6 +544,9 @@ def train_all(args: argparse.Namespace, work: Path, names: list[str], deadline_s
         if name not in ended and process.poll() is not None:
             ended[name] = time.perf_counter() - started
     stopped = [name for name in running if name not in ended]
+    if stopped:
+        log.warning("training deadline (%d s): stopping %s; each is measured from its last checkpoint and named in "
+                    "the verdict (cut_short_at_largest at the largest size)", deadline_s, ", ".join(stopped))  # fmt: skip
     for name in stopped:  # all at once: speculators saves on SIGTERM, and each may take its grace
         running[name][0].terminate()
     grace_ends = time.perf_counter() + STOP_GRACE_S
@@ -831,7 +835,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--specforge-batch", type=int, default=16, help="SpecForge's training.batch_size (rows a step)")
     parser.add_argument("--train-max-s", type=float, default=1800.0,
-                        help="trainers still running then are stopped, measured from their last checkpoint "
+                        help="trainers still running then (or at --wall-budget-s less the measuring time) are "
+                             "stopped, measured from their last checkpoint, and named with the epochs they did "
                              "(speculators compiles for 2 min and more when several start at once)")  # fmt: skip
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--eval-rows", type=int, default=150, help="per held-out kind")
