@@ -129,13 +129,18 @@ def _dumps_left(dump_dir: Path) -> list[str]:
 @pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs: needs root")
 def test_a_full_dump_tmpfs_holds_the_extractor_back_and_loses_nothing(server: LiveServer, tmp_path: Path) -> None:
-    """A 1 MiB tmpfs over the live server's dump root holds about 4 of these dumps, 8 are in flight."""
+    """A 1 MiB tmpfs over the live server's dump root holds about 4 of these dumps. The high-water mark (5 %,
+    a fifth of one dump) holds submissions back while dumps wait to be packed; the requests in flight must fit
+    (3 x about 270 KB): their dumps are written whatever the gate says. With 8 in flight (as this test had) the
+    server's writes overflowed whenever the extractor packed more slowly than it forwarded (a loaded CI
+    machine), and the run stopped, as it should, with a DiskFullError naming --concurrency."""
     assert _dumps_left(server.dump_dir) == [], "dumps left by an earlier test"
     lengths = [150 + (i * 13) % 60 for i in range(24)]  # each dump ~1.3 KB/token: about 250 KB
     dataset = write_dataset(tmp_path / "data.jsonl", lengths, seed=31)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(server.dump_dir)], check=True)
     try:
-        result = extract(server, dataset, tmp_path / "out", "--format", "speculators", "--concurrency", "8", timeout=400)
+        flags = ["--format", "speculators", "--concurrency", "3", "--shm-high-water", "0.05"]
+        result = extract(server, dataset, tmp_path / "out", *flags, timeout=400)
         left = _dumps_left(server.dump_dir)
     finally:
         subprocess.run(["umount", str(server.dump_dir)], check=False)
@@ -144,6 +149,7 @@ def test_a_full_dump_tmpfs_holds_the_extractor_back_and_loses_nothing(server: Li
     assert config["status"] == "complete" and config["total_samples"] == len(lengths), config
     assert config["total_tokens"] == sum(lengths) and errors(tmp_path / "out") == []
     assert left == [], f"dumps left on the tmpfs after the run: {left}"
+    print(f"\nheld back while the dump tmpfs drained: {'waiting for it to drain' in result.stderr}")
 
 
 def test_the_dump_hook_settings_are_read_from_the_live_server_and_another_storage_is_refused_before_any_work(
