@@ -8,7 +8,6 @@ that kills the server restarts it through the same launcher config, and later te
 
 from __future__ import annotations
 
-import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .helpers import HIDDEN, HSEXTRACT, LAYERS, VOCAB, LiveServer, server_config
+from .helpers import HIDDEN, HSEXTRACT, LAYERS, VOCAB, LiveServer, free_port, server_config
 
 FAMILIES = ("llama", "qwen2")
 
@@ -27,12 +26,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if here in item.path.parents:
             item.add_marker(pytest.mark.integration)
             item.add_marker(pytest.mark.sglang)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
@@ -75,7 +68,7 @@ def live(
         while current:
             current.pop().stop()
         workdir = tmp_path_factory.mktemp(f"live-{family}")
-        config = server_config(tiny_model(family), _free_port(), workdir / "dumps")
+        config = server_config(tiny_model(family), free_port(), workdir / "dumps")
         config_path = workdir / "sglang.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=True))
         server = servers[family] = LiveServer(family, tiny_model(family), config_path, workdir, stub_log)

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -43,6 +44,16 @@ VOCAB, LAYERS, HIDDEN = 1024, 8, 64
 #: the default aux layers of an 8-layer model: outputs [1, N//2-1, N-4] = transformers hidden_states[2, 4, 5]
 DEFAULT_AUX = [1, 3, 4]
 START_TIMEOUT_S = 420.0
+#: the server's port bound by another process: the launcher's check before it starts SGLang, and uvicorn's
+#: bind error when the port was taken after that check
+PORT_TAKEN = ("is in use (a zombie server?)", "error while attempting to bind on address")
+
+
+def free_port() -> int:
+    """A port free now; a server binds it later, so another process may take it first (LiveServer.start)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def role_config_keys() -> set[str]:
@@ -83,13 +94,16 @@ class LiveServer:
         self.model = model
         self.config_path = config_path
         self.config = yaml.safe_load(config_path.read_text())
-        self.url = f"http://127.0.0.1:{self.config['port']}"
         self.dump_dir = Path(self.config["dump_dir"])
         self.workdir = workdir
         self.stub_log = stub_log
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.start_seconds: list[float] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.config['port']}"
 
     @property
     def log_path(self) -> Path:
@@ -100,6 +114,22 @@ class LiveServer:
         return [HSEXTRACT, "launch-sglang", "--config", str(self.config_path)]
 
     def start(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Start it and wait for its health check. Its port was free when chosen, but another process (an
+        outgoing connection's ephemeral port) may bind it first: the launcher then refuses to start, or, when
+        the port was taken after its check, SGLang logs the bind error and hangs in its shutdown. Either is read
+        from the log and the server starts again, once, on a port free now."""
+        if not self._start_once(timeout):
+            self.kill()
+            taken = self.config["port"]
+            self.config["port"] = free_port()
+            self.config_path.write_text(yaml.safe_dump(self.config, sort_keys=True))
+            print(f"\n{self.family} server: port {taken} was taken before it bound it; starting on {self.config['port']}")
+            if not self._start_once(timeout):
+                self.kill()
+                raise RuntimeError(f"the {self.family} server found its port taken twice:\n{self.log_tail()}")
+
+    def _start_once(self, timeout: float) -> bool:
+        """True once the server answers its health check; False when its port was taken."""
         self.starts += 1
         started = time.monotonic()
         command = self.command()
@@ -110,12 +140,15 @@ class LiveServer:
             )  # fmt: skip
         deadline = started + timeout
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+            exited = self.process.poll() is not None
+            if any(line in self.log_path.read_text(errors="replace") for line in PORT_TAKEN):
+                return False
+            if exited:
                 raise RuntimeError(f"the {self.family} server exited with {self.process.returncode}:\n{self.log_tail()}")
             try:
                 if httpx.get(f"{self.url}/health_generate", timeout=30).status_code == 200:
                     self.start_seconds.append(time.monotonic() - started)
-                    return
+                    return True
             except httpx.HTTPError:
                 pass
             time.sleep(2)

@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -107,6 +108,25 @@ def test_the_launcher_refuses_before_anything_starts(
     assert result.returncode != 0 and message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     assert httpx.get(f"{server.url}/health_generate", timeout=60).status_code == 200  # the live one is untouched
+
+
+def test_a_server_whose_port_was_taken_before_it_bound_it_starts_on_another(server: LiveServer) -> None:
+    """Between choosing a free port and SGLang binding it, another process may take it (an outgoing
+    connection's ephemeral port). Taken after the launcher's check, SGLang logged the bind error and hung in
+    its shutdown, and the start waited out its 420 s (a random make test failure); taken before, the launcher
+    refuses (as here). Both are read from the log and the server starts again on a free port."""
+    server.stop()
+    taken = server.config["port"]
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", taken))
+        holder.listen()
+        started = time.monotonic()
+        server.start()
+        took = time.monotonic() - started
+    assert server.config["port"] != taken
+    assert yaml.safe_load(server.config_path.read_text())["port"] == server.config["port"]  # what later starts read
+    assert httpx.get(f"{server.url}/health_generate", timeout=60).status_code == 200
+    print(f"\nport {taken} taken: started on {server.config['port']} in {took:.0f} s")
 
 
 def test_hundreds_of_rows_at_high_concurrency_without_a_stall(server: LiveServer, tmp_path: Path) -> None:
