@@ -181,6 +181,25 @@ def test_outputs_spread_over_the_servers_largest_first_and_layer_off_on_its_own(
     assert alone == {"default": ["specforge_bf16-2600", "speculators_bf16-2600", "specforge_bf16-1300", "speculators_bf16-1300"]}
 
 
+def test_each_output_is_verified_on_its_servers_queue_right_after_its_extraction(tmp_path: Path) -> None:
+    """Not all verifies after all extractions, one at a time: on three servers that cost 66 s a call."""
+    jobs = {"speculators_bf16-900": ("speculators", "prep-900", []),
+            "speculators_fp8-900": ("speculators", "prep-900", ["--storage", "float8_e4m3fn"]),
+            "speculators_bf16-300": ("speculators", "prep-300", [])}  # fmt: skip
+    queues = bench.server_queues(list(jobs), ["default", "default-2"])
+    urls = {"default": "http://a", "default-2": "http://b"}
+    commands = bench.queue_commands(queues, urls, tmp_path, jobs, verify=True)
+    assert {server: list(queue) for server, queue in commands.items()} == {
+        "default": ["extract_speculators_bf16-900", "verify_speculators_bf16-900",
+                    "extract_speculators_bf16-300", "verify_speculators_bf16-300"],
+        "default-2": ["extract_speculators_fp8-900", "verify_speculators_fp8-900"],
+    }  # fmt: skip
+    assert commands["default-2"]["verify_speculators_fp8-900"] == ["verify", str(tmp_path / "out-speculators_fp8-900")]
+    assert commands["default-2"]["extract_speculators_fp8-900"][:3] == ["extract", "--server", "http://b"]
+    unverified = bench.queue_commands(queues, urls, tmp_path, jobs, verify=False)
+    assert [name for queue in unverified.values() for name in queue if name.startswith("verify")] == []
+
+
 def test_a_bundles_pool_is_grown_only_when_it_is_this_corpuss_pool(tmp_path: Path) -> None:
     args = bench.parse_args(["--corpus-bytes", "300000", "--sizes", "20", "--pool", "20", "--bundle-in", str(tmp_path)])
     pool = bench.Corpus(args).conversations(0)["train"]
