@@ -118,7 +118,8 @@ class Results:
         self.data["curve"] = {kind: {name: {str(s): v for s, v in points.items()} for name, points in drafters.items()}
                               for kind, drafters in curves.items()}  # fmt: skip
         lookup = {k: v for k, v in lookup.items() if v is not None}
-        self.data["verdict"] = drafter_curve.verdict(curves, lookup, drafter_curve.cut_short(self.data["sizes"]))
+        sizes = self.data["sizes"]
+        self.data["verdict"] = drafter_curve.verdict(curves, lookup, drafter_curve.cut_short(sizes), drafter_curve.epochs(sizes))
         self.save()
 
     def save(self) -> None:
@@ -915,7 +916,7 @@ def main() -> int:
     results.stage("training", trained)
     for name, job in trained["jobs"].items():
         drafter, size = name.rsplit("-", 1)
-        results.size(int(size), f"train_{drafter}", {k: v for k, v in job.items() if k != "argv"})
+        results.size(int(size), f"train_{drafter}", {"epochs": args.epochs, **{k: v for k, v in job.items() if k != "argv"}})
     evaluate(args, work, device, trained, results)
     results.stage("evaluate", "done")
     results.call["wall_seconds"] = round(time.perf_counter() - started, 1)

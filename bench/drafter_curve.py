@@ -9,7 +9,8 @@ Sizes may come from several device calls (each size's figures are kept in the re
   where both were measured, speculators bf16 above the layer-off drafter and at least ``over_shifted`` x
   the shifted one, FP8 within ``fp8_within`` of bf16; each curve drafter's acceptance rising with
   every larger size (three sizes at least). Drafters whose trainer was stopped at the call's deadline
-  are named per size (``cut_short``): such a point understates its drafter.
+  are named per size (``cut_short``): such a point understates its drafter. A comparison at one size
+  counts only between drafters trained for the same epochs (``epochs``); the curve reports each size's.
 """
 
 from __future__ import annotations
@@ -52,6 +53,16 @@ def cut_short(sizes: dict[str, Any]) -> dict[int, dict[str, dict[str, Any]]]:
     return out
 
 
+def epochs(sizes: dict[str, Any]) -> dict[int, dict[str, int]]:
+    """By size, the epochs each drafter was trained for (sizes measured by different calls may differ)."""
+    out: dict[int, dict[str, int]] = {}
+    for size, parts in sizes.items():
+        for part, job in parts.items():
+            if part.startswith("train_") and isinstance(job, dict) and job.get("epochs") is not None:
+                out.setdefault(int(size), {})[part.removeprefix("train_")] = int(job["epochs"])
+    return out
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
 
@@ -60,9 +71,18 @@ def verdict(
     curves: dict[str, dict[str, dict[int, float]]],
     lookup: dict[str, float],
     stopped: dict[int, dict[str, dict[str, Any]]] | None = None,
+    trained_epochs: dict[int, dict[str, int]] | None = None,
 ) -> dict[str, Any]:
     """The targets checked per held-out kind; ``all_passed`` only when every check was measured and passed.
-    ``stopped`` (:func:`cut_short`) is reported at the largest size, not judged."""
+    ``stopped`` (:func:`cut_short`) is reported at the largest size, not judged. ``trained_epochs``
+    (:func:`epochs`): a comparison at a size is like for like only when both drafters were trained for
+    the same epochs, so a pair that differs fails its check, named; the curve reports each size's epochs."""
+    trained_epochs = trained_epochs or {}
+
+    def unequal(size: int, a: str, b: str) -> bool:
+        known = trained_epochs.get(size, {})
+        return a in known and b in known and known[a] != known[b]
+
     out: dict[str, Any] = {"targets": TARGETS, "kinds": {}}
     for kind, drafters in sorted(curves.items()):
         pl = lookup.get(kind)
@@ -85,17 +105,30 @@ def verdict(
             ("speculators_shifted", "bf16_over_shifted", lambda r: r >= TARGETS["over_shifted"]),
         ):
             ratios = {s: _ratio(bf16[s], v) for s, v in drafters.get(other, {}).items() if s in bf16}
-            checks[name] = {"ratios": ratios, "passed": bool(ratios) and all(r is not None and beats(r) for r in ratios.values())}
+            mixed = sorted(s for s in ratios if unequal(s, "speculators_bf16", other))
+            checks[name] = {
+                "ratios": ratios,
+                "passed": bool(ratios) and not mixed and all(r is not None and beats(r) for r in ratios.values()),
+            }
+            if mixed:
+                checks[name]["epochs_differ_at"] = mixed
         fp8 = {s: _ratio(v, bf16[s]) for s, v in drafters.get("speculators_fp8", {}).items() if s in bf16}
+        mixed = sorted(s for s in fp8 if unequal(s, "speculators_bf16", "speculators_fp8"))
         checks["fp8_vs_bf16"] = {
             "ratios": fp8,
-            "passed": bool(fp8) and all(r is not None and abs(r - 1) <= TARGETS["fp8_within"] for r in fp8.values()),
+            "passed": bool(fp8)
+            and not mixed
+            and all(r is not None and abs(r - 1) <= TARGETS["fp8_within"] for r in fp8.values()),
         }
+        if mixed:
+            checks["fp8_vs_bf16"]["epochs_differ_at"] = mixed
         rising = {}
         for name in CURVE:
             points = [drafters[name][s] for s in sorted(drafters.get(name, {}))]
+            per_size = {s: trained_epochs.get(s, {}).get(name) for s in sorted(drafters.get(name, {}))}
             rising[name] = {
                 "sizes": sorted(drafters.get(name, {})),
+                "epochs": {s: n for s, n in per_size.items() if n is not None},
                 "passed": len(points) >= TARGETS["min_sizes"] and all(b > a for a, b in itertools.pairwise(points)),
             }
         checks["rising_with_data"] = rising

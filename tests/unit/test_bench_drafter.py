@@ -88,6 +88,22 @@ def test_the_verdict_passes_only_clear_wins() -> None:
     assert not curve.verdict({"code": no_fp8}, {"code": 2.0})["all_passed"]  # a drafter not measured is not a pass
 
 
+def test_a_comparison_at_one_size_counts_only_between_drafters_trained_for_the_same_epochs() -> None:
+    """Sizes merge across calls: bf16 from a 4-epoch call against layer-off from a 3-epoch one is no comparison."""
+    same = {9000: dict.fromkeys(("speculators_bf16", "speculators_fp8", "speculators_layer_off", "speculators_shifted"), 4)}
+    assert curve.verdict({"code": GOOD}, {"code": 2.0}, trained_epochs=same)["all_passed"]
+    mixed = {9000: {**same[9000], "speculators_layer_off": 3, "speculators_fp8": 3}}
+    code = curve.verdict({"code": GOOD}, {"code": 2.0}, trained_epochs=mixed)["kinds"]["code"]
+    assert not code["bf16_over_layer_off"]["passed"] and code["bf16_over_layer_off"]["epochs_differ_at"] == [9000]
+    assert not code["fp8_vs_bf16"]["passed"] and code["fp8_vs_bf16"]["epochs_differ_at"] == [9000]
+    assert code["bf16_over_shifted"]["passed"] and "epochs_differ_at" not in code["bf16_over_shifted"]
+    by_size = {1300: {"speculators_bf16": 3}, 4000: {"speculators_bf16": 3}, 9000: {"speculators_bf16": 4}}
+    rising = curve.verdict({"code": GOOD}, {"code": 2.0}, trained_epochs=by_size)["kinds"]["code"]["rising_with_data"]
+    assert rising["speculators_bf16"]["epochs"] == {1300: 3, 4000: 3, 9000: 4}  # reported beside the curve
+    sizes = {"9000": {"train_speculators_bf16": {"epochs": 4, "rc": 0}, "train_specforge_bf16": {"rc": 0}, "evaluation": {}}}
+    assert curve.epochs(sizes) == {9000: {"speculators_bf16": 4}}  # a part without its epochs (older calls) is not guessed
+
+
 def test_the_curve_reads_every_size_and_kind_measured() -> None:
     def tau(value: float) -> dict:
         return {"expected_acceptance_length": value}
