@@ -11,6 +11,12 @@ rest (HTTP, admission, answering), to compare with ``generate``'s seconds per ne
 in its own subprocess, so its peak memory is its own: the process's peak RSS on the CPU, and
 ``torch.cuda.max_memory_allocated`` on a GPU.
 
+With ``--profile DIR`` each case runs once more under ``torch.profiler`` (every thread: the server decodes on its
+own): ``DIR/<server|hf>-<C>.txt`` holds the operators by self CPU time (and by device time on a GPU), and the
+case's ``profile`` counts per decode step (per new token for ``generate``) the operators, kernel launches,
+host-device copies and synchronizations, and the self CPU seconds: where a step's time goes when the GPU
+waits on the host.
+
 CPU (``make bench-generate``): a tiny random Llama. GPU: ``--device cuda --shape 8b`` builds a
 Llama-3-8B-shaped random bf16 model (32 layers, hidden 4096, 8 KV heads, vocab 128256) once in
 --work-dir.
@@ -27,7 +33,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -65,6 +73,46 @@ def _peak(device: str) -> int:
     if device == "cuda":
         return int(torch.cuda.max_memory_allocated())
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+#: runtime calls counted per step by --profile (CUDA runtime and driver names, as the profiler records them)
+LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
+SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+COPIES = ("cudaMemcpyAsync", "cudaMemcpy")
+
+
+@contextmanager
+def profiled(args: argparse.Namespace, name: str, steps: Callable[[], int], into: dict[str, Any]) -> Iterator[None]:
+    """With ``--profile``, profile the block (every thread) and put per-step counts in ``into["profile"]``;
+    ``steps`` says, once the block has run, how many decode steps (or new tokens) it took."""
+    if args.profile is None:
+        yield
+        return
+    from torch._C._profiler import _ExperimentalConfig
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
+    with profile(activities=activities, experimental_config=_ExperimentalConfig(profile_all_threads=True)) as prof:
+        yield
+    events = prof.key_averages()
+    count = max(steps(), 1)
+
+    def calls(names: tuple[str, ...]) -> float:
+        return sum(e.count for e in events if e.key in names) / count
+
+    into["profile"] = {
+        "steps": count,
+        "aten_ops_per_step": sum(e.count for e in events if e.key.startswith("aten::")) / count,
+        "launches_per_step": calls(LAUNCHES),
+        "syncs_per_step": calls(SYNCS),
+        "copies_per_step": calls(COPIES),
+        "self_cpu_s_per_step": sum(e.self_cpu_time_total for e in events) / 1e6 / count,
+    }
+    args.profile.mkdir(parents=True, exist_ok=True)
+    tables = [events.table(sort_by="self_cpu_time_total", row_limit=40)]
+    if args.device == "cuda":
+        tables.append(events.table(sort_by="self_cuda_time_total", row_limit=40))
+    (args.profile / f"{name}.txt").write_text("\n\n".join(tables) + "\n")
 
 
 def run_server(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
@@ -108,6 +156,10 @@ def run_server(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
             torch.cuda.reset_peak_memory_stats()
         wall, spent = min((batch(r + 1) for r in range(args.repeats)), key=lambda run: run[0])
         peak = _peak(args.device)
+        profile: dict[str, Any] = {}
+        profiled_run: list[dict[str, float]] = []
+        with profiled(args, f"server-{concurrency}", lambda: int(profiled_run[0]["step_count"]), profile):
+            profiled_run.append(batch(args.repeats + 1)[1])
         server.shutdown()
     # where the fastest run's wall time went: prefill forwards (requests admitted as they arrived), decode
     # steps, and the rest (HTTP, admission, answering)
@@ -119,7 +171,7 @@ def run_server(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
         "seconds_per_step": spent["step_sum"] / max(spent["step_count"], 1),
         "other_s": wall - spent["prefill_sum"] - spent["step_sum"],
     }
-    return {"tokens_per_s": concurrency * args.new_tokens / wall, "wall_s": wall, "peak_bytes": peak, "where": where}
+    return {"tokens_per_s": concurrency * args.new_tokens / wall, "wall_s": wall, "peak_bytes": peak, "where": where, **profile}
 
 
 def run_hf(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
@@ -147,7 +199,11 @@ def run_hf(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     wall = min(batch() for _ in range(args.repeats))
-    return {"tokens_per_s": concurrency * args.new_tokens / wall, "wall_s": wall, "peak_bytes": _peak(args.device)}
+    peak = _peak(args.device)
+    profile: dict[str, Any] = {}
+    with profiled(args, f"hf-{concurrency}", lambda: args.new_tokens, profile):
+        batch()
+    return {"tokens_per_s": concurrency * args.new_tokens / wall, "wall_s": wall, "peak_bytes": peak, **profile}
 
 
 def main() -> int:
@@ -162,6 +218,9 @@ def main() -> int:
     parser.add_argument("--max-total-tokens", type=int, default=65536)
     parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "hsx-bench-generate")
     parser.add_argument("--out", type=Path, default=Path("bench/results-generate.json"))
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="one more run of each case under torch.profiler: operator tables in DIR, "
+                             "per-step counts in the JSON")  # fmt: skip
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)  # "server:C" / "hf:C": one case, in a child
     parser.add_argument("--model", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -206,7 +265,8 @@ def main() -> int:
 def _passed(args: argparse.Namespace) -> list[str]:
     return ["--device", args.device, "--dtype", args.dtype, "--prompt-len", str(args.prompt_len),
             "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats),
-            "--max-total-tokens", str(args.max_total_tokens)]  # fmt: skip
+            "--max-total-tokens", str(args.max_total_tokens),
+            *(["--profile", str(args.profile)] if args.profile else [])]  # fmt: skip
 
 
 if __name__ == "__main__":

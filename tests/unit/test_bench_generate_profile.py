@@ -1,0 +1,47 @@
+"""bench_generate --profile: the decode thread's operators are counted per step (it is not the profiling thread)."""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import bench_generate as bench
+
+
+def test_a_running_threads_operators_are_counted_per_step_and_tabled(tmp_path: Path) -> None:
+    todo: queue.Queue[int] = queue.Queue()
+    done: queue.Queue[int] = queue.Queue()
+
+    def decode_thread() -> None:  # started before the profiler, as the server's decode thread is
+        while (steps := todo.get()) >= 0:
+            x = torch.ones(8, 8)
+            for _ in range(steps):
+                x = torch.mm(x, x) / 8
+            done.put(steps)
+
+    thread = threading.Thread(target=decode_thread, daemon=True)
+    thread.start()
+    args = argparse.Namespace(profile=tmp_path / "prof", device="cpu")
+    into: dict[str, Any] = {}
+    with bench.profiled(args, "server-4", lambda: 4, into):
+        todo.put(4)
+        done.get()
+    todo.put(-1)
+    profile = into["profile"]
+    assert profile["steps"] == 4
+    assert profile["aten_ops_per_step"] >= 2  # an mm and a div a step, at least: recorded on the other thread
+    assert profile["launches_per_step"] == 0 and profile["syncs_per_step"] == 0  # no device here
+    assert "aten::mm" in (tmp_path / "prof" / "server-4.txt").read_text()
+
+    untouched: dict[str, Any] = {}
+    with bench.profiled(argparse.Namespace(profile=None, device="cpu"), "hf-4", lambda: 4, untouched):
+        torch.ones(2) * 2
+    assert untouched == {}
