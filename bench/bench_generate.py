@@ -17,6 +17,10 @@ case's ``profile`` counts per decode step (per new token for ``generate``) the o
 host-device copies and synchronizations, and the self CPU seconds: where a step's time goes when the GPU
 waits on the host.
 
+``--decode dynamic,static,graphs`` runs the server once per variant of its generation KV cache (the default
+layout; ``--decode-kv static``; and with ``--decode-graphs``, the step replayed as a CUDA graph), each against
+the same ``generate``: ``by_decode`` holds each variant's figures and ratio; ``server`` is the first.
+
 CPU (``make bench-generate``): a tiny random Llama. GPU: ``--device cuda --shape 8b`` builds a
 Llama-3-8B-shaped random bf16 model (32 layers, hidden 4096, 8 KV heads, vocab 128256) once in
 --work-dir.
@@ -115,14 +119,19 @@ def profiled(args: argparse.Namespace, name: str, steps: Callable[[], int], into
     (args.profile / f"{name}.txt").write_text("\n\n".join(tables) + "\n")
 
 
-def run_server(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
+#: --decode variants: the server's generation KV layout and whether its step replays as a CUDA graph
+DECODE_VARIANTS = {"dynamic": {}, "static": {"decode_kv": "static"}, "graphs": {"decode_kv": "static", "decode_graphs": True}}
+
+
+def run_server(args: argparse.Namespace, concurrency: int, variant: str = "dynamic") -> dict[str, Any]:
     import httpx
 
     from hsextract.api import DECODE_PHASES, Engine, HttpFront, ServeConfig
     from hsextract.contract.generate import GenerationAnswer, GenerationRequest, SamplingParams
 
     with tempfile.TemporaryDirectory() as dumps:
-        settings = dict(max_total_tokens=args.max_total_tokens, max_running_requests=max(concurrency, 1))
+        settings = {"max_total_tokens": args.max_total_tokens, "max_running_requests": max(concurrency, 1),
+                    **DECODE_VARIANTS[variant]}  # fmt: skip
         config = ServeConfig(model=args.model, dump_dir=Path(dumps), device=args.device, dtype=args.dtype, **settings)
         engine = Engine(config)
         server = HttpFront(engine, "127.0.0.1", 0)
@@ -158,8 +167,11 @@ def run_server(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
         peak = _peak(args.device)
         profile: dict[str, Any] = {}
         profiled_run: list[dict[str, float]] = []
-        with profiled(args, f"server-{concurrency}", lambda: int(profiled_run[0]["step_count"]), profile):
+        with profiled(args, f"server-{variant}-{concurrency}", lambda: int(profiled_run[0]["step_count"]), profile):
             profiled_run.append(batch(args.repeats + 1)[1])
+        graphs = engine.decoder.graphs
+        if graphs is not None:  # whether the step was replayed, or the capture failed and it ran eagerly
+            profile["decode_graphs"] = {"enabled": graphs.enabled, "captured": graphs.captured}
         server.shutdown()
     # where the fastest run's wall time went: prefill forwards (requests admitted as they arrived), decode
     # steps, and the rest (HTTP, admission, answering)
@@ -221,26 +233,39 @@ def main() -> int:
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="one more run of each case under torch.profiler: operator tables in DIR, "
                              "per-step counts in the JSON")  # fmt: skip
+    parser.add_argument("--decode", type=lambda text: text.split(","), default=["dynamic"],
+                        help="server variants, comma-separated, each against the same generate: dynamic (the default "
+                             "KV layout), static (--decode-kv static), graphs (--decode-kv static --decode-graphs)")  # fmt: skip
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)  # "server:C" / "hf:C": one case, in a child
     parser.add_argument("--model", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    unknown = [v for v in args.decode if v not in DECODE_VARIANTS]
+    if unknown:
+        parser.error(f"--decode {','.join(unknown)}: choose among {', '.join(DECODE_VARIANTS)}")
     args.shape = args.shape or ("8b" if args.device == "cuda" else "tiny")
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     if args.case:
-        kind, count = args.case.split(":")
-        result = (run_server if kind == "server" else run_hf)(args, int(count))
+        kind, count, *variant = args.case.split(":")
+        result = run_server(args, int(count), *variant) if kind == "server" else run_hf(args, int(count))
         print(json.dumps(result))
         return 0
     model = make_model(args.work_dir / f"llama-{args.shape}-{args.dtype}", args.shape, args.dtype, args.device)
     cases: dict[str, Any] = {}
     for concurrency in args.concurrency:
         row: dict[str, Any] = {}
-        for kind in ("server", "hf"):
-            command = [sys.executable, __file__, "--case", f"{kind}:{concurrency}", "--model", str(model), *_passed(args)]
+        for case in [*(f"server:{concurrency}:{variant}" for variant in args.decode), f"hf:{concurrency}"]:
+            command = [sys.executable, __file__, "--case", case, "--model", str(model), *_passed(args)]
             done = subprocess.run(command, capture_output=True, text=True, check=False)
             if done.returncode:
-                raise SystemExit(f"{kind} at concurrency {concurrency} failed:\n{done.stderr[-3000:]}")
-            row[kind] = json.loads(done.stdout.strip().splitlines()[-1])
+                raise SystemExit(f"{case} failed:\n{done.stderr[-3000:]}")
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            if case.startswith("hf"):
+                row["hf"] = result
+            else:
+                row.setdefault("by_decode", {})[case.rsplit(":", 1)[1]] = result
+        row["server"] = row["by_decode"][args.decode[0]]  # the first variant, as results before --decode
+        for result in row["by_decode"].values():
+            result["tokens_per_s_ratio"] = result["tokens_per_s"] / row["hf"]["tokens_per_s"]
         row["tokens_per_s_ratio"] = row["server"]["tokens_per_s"] / row["hf"]["tokens_per_s"]
         # generate's wall over its new tokens: its prefill spread over the steps, an upper bound of its step
         row["hf"]["seconds_per_token_step"] = row["hf"]["wall_s"] / args.new_tokens
@@ -249,6 +274,8 @@ def main() -> int:
         server, hf = row["server"]["tokens_per_s"], row["hf"]["tokens_per_s"]
         print(f"C={concurrency}: server {server:.0f} tok/s, generate {hf:.0f} tok/s (x{row['tokens_per_s_ratio']:.2f}); "
               f"peak memory x{row['peak_memory_ratio']:.2f}", flush=True)  # fmt: skip
+        for variant, result in list(row["by_decode"].items())[1:]:
+            print(f"  --decode {variant}: {result['tokens_per_s']:.0f} tok/s (x{result['tokens_per_s_ratio']:.2f})", flush=True)
     result = {
         "benchmark": "embedded server decode vs transformers generate",
         "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),

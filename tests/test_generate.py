@@ -56,9 +56,10 @@ def _all(url: str, requests: list[GenerationRequest]) -> list[GenerationAnswer]:
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0)
 
 
-def test_greedy_equals_transformers_alone_and_batched(model_dir, start_server) -> None:
+@pytest.mark.parametrize("decode_kv", ["dynamic", "static"])
+def test_greedy_equals_transformers_alone_and_batched(model_dir, start_server, decode_kv: str) -> None:
     model = model_dir("llama")
-    server = start_server(model)
+    server = start_server(model, decode_kv=decode_kv)
     prompts = _prompts()
     expected = [_reference(model, tuple(p), n) for p, n in zip(prompts, NEW_TOKENS, strict=True)]
     alone = _generate(server.url, GenerationRequest("regen-0", prompts[0], SamplingParams(NEW_TOKENS[0], 0.0)))
@@ -84,9 +85,10 @@ def test_greedy_equals_transformers_alone_and_batched(model_dir, start_server) -
     assert not list(server.dump_dir.iterdir())  # generation is never dumped
 
 
-def test_seeded_sampling_is_reproducible_alone_and_batched_and_top_k_1_is_greedy(model_dir, start_server) -> None:
+@pytest.mark.parametrize("decode_kv", ["dynamic", "static"])
+def test_seeded_sampling_is_reproducible_alone_and_batched_and_top_k_1_is_greedy(model_dir, start_server, decode_kv: str) -> None:
     model = model_dir("llama")
-    server = start_server(model)
+    server = start_server(model, decode_kv=decode_kv)
     prompts = _prompts()
     seeded = SamplingParams(max_new_tokens=10, temperature=1.0, top_p=0.95, seed=7, ignore_eos=True)
     first = _generate(server.url, GenerationRequest("s-alone", prompts[1], seeded)).output_ids
@@ -103,9 +105,10 @@ def test_seeded_sampling_is_reproducible_alone_and_batched_and_top_k_1_is_greedy
     assert top1.output_ids == _reference(model, tuple(prompts[3]), 9)
 
 
-def test_a_small_token_budget_queues_requests_and_all_finish(model_dir, start_server) -> None:
+@pytest.mark.parametrize("decode_kv", ["dynamic", "static"])
+def test_a_small_token_budget_queues_requests_and_all_finish(model_dir, start_server, decode_kv: str) -> None:
     model = model_dir("llama")
-    server = start_server(model, max_total_tokens=64, max_running_requests=3)
+    server = start_server(model, max_total_tokens=64, max_running_requests=3, decode_kv=decode_kv)
     prompts = _prompts()[:8]
     requests = [GenerationRequest(f"b-{i}", p, SamplingParams(6, 0.0)) for i, p in enumerate(prompts)]
     answers = _all(server.url, requests)
@@ -113,6 +116,7 @@ def test_a_small_token_budget_queues_requests_and_all_finish(model_dir, start_se
         want = _reference(model, tuple(prompt), 6)
         assert answer.output_ids == want
     assert server.engine.decoder.kv_gauge._value.get() == 0  # the batch emptied
+    assert server.engine.decoder.static == (decode_kv == "static")
     # past the budget alone: max_new_tokens is capped to it (SGLang caps it too)
     capped = _generate(server.url, GenerationRequest("b-cap", prompts[3], SamplingParams(60, 0.0, ignore_eos=True)))
     assert capped.truncated and len(capped.output_ids) == 64 - len(prompts[3])
@@ -134,10 +138,11 @@ def test_a_prompt_past_the_context_is_refused_with_its_rid(model_dir, start_serv
     assert _generate(server.url, GenerationRequest("after", [1, 2, 3], GREEDY)).output_ids
 
 
+@pytest.mark.parametrize("decode_kv", ["dynamic", "static"])
 @pytest.mark.parametrize("arch", ["deepseek_v3"])
-def test_extraction_still_dumps_beside_generation(model_dir, start_server, arch: str) -> None:
+def test_extraction_still_dumps_beside_generation(model_dir, start_server, arch: str, decode_kv: str) -> None:
     model = model_dir(arch)
-    server = start_server(model)
+    server = start_server(model, decode_kv=decode_kv)
     prompts = _prompts()
     rid = make_rid(3, len(prompts[0]))
     with concurrent.futures.ThreadPoolExecutor(4) as pool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from hsextract.config import IntList, RidPrefix, StrictConfig
 from hsextract.contract import defaults
@@ -44,12 +44,30 @@ class ServeConfig(StrictConfig):
         "at most 100 M parameters outside the embeddings, whose launch takes longer than their forward; see "
         "capture/embedded/forward_graphs.py)",
     )
+    decode_kv: Literal["dynamic", "static"] = Field(
+        "dynamic",
+        description="layout of the generation KV cache: dynamic (transformers' DynamicCache, rows padded on the left, "
+        "every layer grown by a column a step) or static (buffers a step writes into, each row from column 0, "
+        "reallocated only when the running rows outgrow them: the layout a CUDA graph can replay; see "
+        "capture/embedded/static_kv.py)",
+    )
+    decode_graphs: bool = Field(
+        False,
+        description="with --decode-kv static on a GPU, replay the decode step as a CUDA graph, captured again whenever "
+        "the running rows outgrow the buffers (see capture/embedded/step_graphs.py)",
+    )
     cudnn_attention: bool = Field(
         False,
         description="let PyTorch pick its cuDNN attention kernel on a GPU (off by default: it builds an execution plan "
         "for every new shape and thread, which made decode steps 1.3 to 3.5x slower on an H200; see "
         "docs/design-notes.md)",
     )
+
+    @model_validator(mode="after")
+    def _graphs_need_the_static_layout(self) -> ServeConfig:
+        if self.decode_graphs and self.decode_kv != "static":
+            raise ValueError("decode_graphs replays the step on fixed buffers: set decode_kv to static (--decode-kv static)")
+        return self
 
     @field_validator("chunked_prefill_size")
     @classmethod

@@ -42,9 +42,12 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from hsextract.capture.embedded.config import ServeConfig
 from hsextract.capture.embedded.inbox import drain_inbox
 from hsextract.capture.embedded.kv_batch import KVBatch, check_layers
 from hsextract.capture.embedded.sampling import make_generator, next_tokens
+from hsextract.capture.embedded.static_kv import StaticKV, slots
+from hsextract.capture.embedded.step_graphs import StepGraphs
 from hsextract.contract.generate import FinishReason, GenerationAnswer, GenerationRequest, SamplingParams
 from hsextract.errors import BadRequestError
 
@@ -102,8 +105,7 @@ class DecodeScheduler:
         self,
         model: Any,
         device: torch.device,
-        max_total_tokens: int,
-        max_running_requests: int,
+        config: ServeConfig,
         max_batch_tokens: int,
         registry: CollectorRegistry | None = None,
     ) -> None:
@@ -112,8 +114,8 @@ class DecodeScheduler:
         self.lm_head = model.get_output_embeddings()
         self.config = model.config
         self.device = device
-        self.max_total_tokens = max_total_tokens
-        self.max_running_requests = max_running_requests
+        self.max_total_tokens = config.max_total_tokens
+        self.max_running_requests = config.max_running_requests
         self.max_batch_tokens = max_batch_tokens
         self.context_length = int(getattr(self.config, "max_position_embeddings", 0) or 0)
         self.vocab_size = int(self.config.vocab_size)
@@ -127,6 +129,11 @@ class DecodeScheduler:
         self._waiting: deque[Decoding] = deque()
         self._running: list[Decoding] = []
         self._batch = KVBatch()
+        # "static": fixed buffers a step writes into (capture/embedded/static_kv.py), the layout a graph can replay
+        self.static = config.decode_kv == "static"
+        self._static = StaticKV()
+        # its step as a CUDA graph (capture/embedded/step_graphs.py): static layout on a GPU only
+        self.graphs = StepGraphs(device) if config.decode_graphs and self.static and device.type == "cuda" else None
         self._stop = threading.Event()
         r = registry if registry is not None else CollectorRegistry()
         self.generated = Counter("hsextract_server_generated_tokens", "Tokens generated (decode)", registry=r)
@@ -218,17 +225,19 @@ class DecodeScheduler:
                 for item in [*admitted, *self._running]:
                     if not item.future.done():
                         item.future.set_exception(exc)
-                self._running, self._batch = [], KVBatch()
+                self._running, self._batch, self._static = [], KVBatch(), StaticKV()
             self.running_gauge.set(len(self._running))
             self.waiting_gauge.set(len(self._waiting))
-            self.kv_gauge.set(self._batch.rows * self._batch.columns)
+            rows, columns = self._static.capacity if self.static else (self._batch.rows, self._batch.columns)
+            self.kv_gauge.set(rows * columns)
 
     def _drain(self, block: bool) -> None:
         drain_inbox(self._inbox, self._waiting, self._stop, block)
 
     def cost(self, rows: Sequence[Decoding]) -> int:
         """Worst-case padded KV slots of these rows decoding together."""
-        return len(rows) * max((r.reserve for r in rows), default=0)
+        longest = max((r.reserve for r in rows), default=0)
+        return slots(len(rows), longest) if self.static else len(rows) * longest
 
     def _admit(self) -> list[Decoding]:
         """The oldest waiting requests that fit beside the running ones, in order, for one prefill forward."""
@@ -236,7 +245,8 @@ class DecodeScheduler:
         for item in self._waiting:
             if len(self._running) + len(fitting) >= self.max_running_requests:
                 break
-            if self.cost([*self._running, *fitting, item]) > self.max_total_tokens:
+            alone = not self._running and not fitting  # a request alone always runs (its rounded buffer may pass the budget)
+            if not alone and self.cost([*self._running, *fitting, item]) > self.max_total_tokens:
                 break  # first come, first served: a later small request does not overtake
             fitting.append(item)
         taken: list[Decoding] = []
@@ -273,6 +283,11 @@ class DecodeScheduler:
                 joining.append(row)
         if not joining:
             return
+        if self.static:
+            longest = max(r.reserve for r in [*self._running, *(items[row] for row in joining)])
+            self._static.join(cache, joining, [lengths[row] for row in joining], longest)
+            self._running.extend(items[row] for row in joining)
+            return
         if len(joining) != len(items):
             index = torch.tensor(joining, dtype=torch.int64, device=self.device)
             for layer in cache.layers:
@@ -282,19 +297,38 @@ class DecodeScheduler:
 
     def _step(self) -> None:
         rows = self._running
-        ids = torch.tensor([[r.output[-1]] for r in rows], dtype=torch.int64, device=self.device)
-        # the new token's position is its index in its own sequence, whatever padding its row has
-        positions = torch.tensor([[len(r.request.input_ids) + len(r.output) - 1] for r in rows], device=self.device)
-        mask = self._batch.step_mask()
-        out = self.base(
-            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **{self._cache_kwarg: self._batch.cache}
-        )
-        tokens = next_tokens(self._logits(out.last_hidden_state[:, -1]), [r.sampling for r in rows], [r.generator for r in rows])
+        if self.static:
+            hidden = self._static_step(rows)
+        else:  # the new token's position is its index in its own sequence, whatever padding its row has
+            ids = torch.tensor([[r.output[-1]] for r in rows], dtype=torch.int64, device=self.device)
+            positions = torch.tensor([[len(r.request.input_ids) + len(r.output) - 1] for r in rows], device=self.device)
+            hidden = self._forward_last(ids, self._batch.step_mask(), positions, self._batch.cache)
+        tokens = next_tokens(self._logits(hidden), [r.sampling for r in rows], [r.generator for r in rows])
         self.steps.inc()
         keep = [i for i, (row, token) in enumerate(zip(rows, tokens.tolist(), strict=True)) if not self._advance(row, token)]
         if len(keep) != len(rows):
-            self._batch.keep(keep)
+            (self._static if self.static else self._batch).keep(keep)
             self._running = [rows[i] for i in keep]
+
+    def _forward_last(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+        """One decode forward of a token a row: the rows' final states ``[rows, hidden]``."""
+        out = self.base(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **{self._cache_kwarg: cache})
+        hidden: torch.Tensor = out.last_hidden_state[:, -1]
+        return hidden
+
+    def _static_step(self, rows: list[Decoding]) -> torch.Tensor:
+        """The step on the static layout (a row's position is its column): replayed as a CUDA graph when
+        decode graphs are on, else eagerly on the running rows alone."""
+        kv, dtype = self._static, self.model.dtype
+        kv.load([r.output[-1] for r in rows])
+        hidden = None
+        if self.graphs is not None:
+            replayed = self.graphs.run(kv, lambda count: kv.step(self._forward_last, count, dtype))
+            hidden = None if replayed is None else replayed[: len(rows)]
+        if hidden is None:
+            hidden = kv.step(self._forward_last, len(rows), dtype)
+        kv.advance()
+        return hidden
 
     def _advance(self, item: Decoding, token: int) -> bool:
         """Add ``token`` to ``item``; True (and answered) when that finished it."""

@@ -153,14 +153,7 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="hsextract-scheduler", daemon=True)
         self._thread.start()
         # generation (max_new_tokens > 0): its own scheduler thread on the same model (capture/embedded/decode.py)
-        self.decoder = DecodeScheduler(
-            self.model,
-            self.device,
-            config.max_total_tokens,
-            config.max_running_requests,
-            self.max_batch_tokens,
-            registry=self.clock.registry,
-        )
+        self.decoder = DecodeScheduler(self.model, self.device, config, self.max_batch_tokens, registry=self.clock.registry)
 
     def _grab_prenorm(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
         decoder = getattr(self, "decoder", None)  # None while the engine is still being built

@@ -1,0 +1,114 @@
+"""The static decode KV layout against the model itself: every step's last state equals a whole forward of the row."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import transformers
+from pydantic import ValidationError
+
+from hsextract.capture.embedded import static_kv
+from hsextract.capture.embedded.config import ServeConfig
+from hsextract.capture.embedded.static_kv import StaticKV
+from hsextract.capture.embedded.step_graphs import StepGraphs
+from hsextract.dev.tiny_model import make_tiny_model
+
+
+@pytest.fixture(scope="module", params=["llama", "deepseek_v3"])
+def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    path = make_tiny_model(tmp_path_factory.mktemp(request.param), arch=request.param, layers=7, hidden=64, vocab_size=512,
+                           dtype="float32")  # fmt: skip
+    return transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+
+
+def cache_kwarg(model: Any) -> str:
+    """transformers 5.x renames the cache argument model by model (as the decode scheduler reads it)."""
+    return "cache" if "cache" in inspect.signature(model.base_model.forward).parameters else "past_key_values"
+
+
+def whole(model: Any, ids: list[int]) -> torch.Tensor:
+    """The row alone, one forward: its last token's final state."""
+    with torch.inference_mode():
+        state: torch.Tensor = model.base_model(input_ids=torch.tensor([ids])).last_hidden_state[0, -1]
+    return state
+
+
+def prefill(model: Any, kv: StaticKV, rows: list[list[int]], longest: int) -> None:
+    """As the decode scheduler prefills: one right-padded forward on a DynamicCache, its rows joined."""
+    ids = torch.zeros((len(rows), max(map(len, rows))), dtype=torch.int64)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.inference_mode():
+        model.base_model(input_ids=ids, use_cache=True, **{cache_kwarg(model): cache})
+    kv.join(cache, list(range(len(rows))), [len(r) for r in rows], longest)
+
+
+def step(model: Any, kv: StaticKV, rows: list[list[int]], padded: bool = False) -> torch.Tensor:
+    """One decode step of every running row on its last token (not yet in the cache): the rows' final states.
+    ``padded``: over every buffer row, as a captured graph runs it (the rows past the running ones are padding)."""
+
+    def forward(ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+        assert positions.view(-1)[: len(rows)].tolist() == [len(r) - 1 for r in rows]  # a row's position is its column
+        out = model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                               **{cache_kwarg(model): cache})  # fmt: skip
+        states: torch.Tensor = out.last_hidden_state[:, -1]
+        return states
+
+    kv.load([r[-1] for r in rows])
+    with torch.inference_mode():
+        states = kv.step(forward, kv.capacity[0] if padded else kv.rows, torch.float32)
+    kv.advance()
+    return states[: len(rows)]
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["running-rows", "every-buffer-row"])
+def test_each_step_of_rows_joining_and_leaving_equals_each_row_alone(model: Any, padded: bool) -> None:
+    generator = torch.Generator().manual_seed(1)
+    rows = [torch.randint(3, 500, (n,), generator=generator).tolist() for n in (5, 11, 3)]
+    kv = StaticKV()
+    prefill(model, kv, rows, longest=20)
+    assert kv.capacity == (4, static_kv.COLUMN_STEP)
+    for turn in range(12):
+        if turn == 3:  # the middle row leaves: the others move up, in order
+            kv.keep([0, 2])
+            rows = [rows[0], rows[2]]
+        if turn == 5:  # a longer row joins: the buffers grow to its columns, the running rows copied across
+            late = torch.randint(3, 500, (70,), generator=generator).tolist()
+            prefill(model, kv, [late], longest=80)
+            assert kv.capacity == (4, 2 * static_kv.COLUMN_STEP)
+            rows.append(late)
+        for row in rows:
+            row.append(int(torch.randint(3, 500, (1,), generator=generator)))
+        states = step(model, kv, rows, padded)
+        for i, row in enumerate(rows):
+            torch.testing.assert_close(states[i], whole(model, row), rtol=1e-4, atol=1e-4)
+    assert kv.lengths == [len(r) for r in rows]
+    kv.keep([])
+    assert kv.capacity == (0, 0) and kv.rows == 0
+
+
+def test_the_budget_counts_the_buffers_as_allocated() -> None:
+    assert static_kv.slots(0, 100) == 0
+    assert static_kv.slots(3, 65) == 4 * 128  # rows to a power of two, columns to COLUMN_STEP
+    assert static_kv.slots(1, 64) == 64
+
+
+def test_a_failed_step_capture_turns_decode_graphs_off_and_the_step_runs_eagerly(model: Any) -> None:
+    """Here no GPU: capturing fails, as it would on one for an operator that cannot be captured."""
+    kv = StaticKV()
+    prefill(model, kv, [[5, 6, 7]], longest=8)
+    graphs = StepGraphs(torch.device("cpu"))
+    assert graphs.run(kv, lambda rows: torch.zeros(rows, 1)) is None
+    assert not graphs.enabled and graphs.captured == 0
+    assert graphs.run(kv, lambda rows: torch.zeros(rows, 1)) is None  # off: no second try
+
+
+def test_decode_graphs_need_the_static_layout(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="decode_kv to static"):
+        ServeConfig(model=tmp_path, dump_dir=tmp_path, decode_graphs=True)
+    assert ServeConfig(model=tmp_path, dump_dir=tmp_path, decode_kv="static", decode_graphs=True).decode_graphs
