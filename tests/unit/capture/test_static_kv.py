@@ -90,6 +90,11 @@ def test_each_step_of_rows_joining_and_leaving_equals_each_row_alone(model: Any,
     assert kv.lengths == [len(r) for r in rows]
     kv.keep([])
     assert kv.capacity == (0, 0) and kv.rows == 0
+    # a scheduler that starts over (a failed forward) makes a new one: no graph may take its buffers for the old
+    first, again = StaticKV(), StaticKV()
+    for fresh in (first, again):
+        prefill(model, fresh, [[5, 6]], longest=4)
+    assert first.generation != again.generation
 
 
 def test_the_budget_counts_the_buffers_as_allocated() -> None:

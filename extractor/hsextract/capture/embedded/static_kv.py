@@ -22,6 +22,7 @@ releases, ``kwargs=`` in others).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,6 +33,9 @@ import torch
 StepForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, "StepCache"], torch.Tensor]
 #: a buffer's column count is a multiple of this: a longer row reallocates at most every COLUMN_STEP tokens
 COLUMN_STEP = 64
+
+
+_ALLOCATIONS = itertools.count()
 
 
 def padded_rows(rows: int) -> int:
@@ -56,8 +60,9 @@ class StaticKV:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.lengths: list[int] = []  # per running row, in row order
-        #: bumped whenever the buffers are reallocated: a graph captured on the old ones is stale
-        self.generation = 0
+        #: new whenever the buffers are reallocated, unique in the process (a scheduler that starts over after a
+        #: failed forward makes a new StaticKV): a graph captured on other buffers is stale
+        self.generation = next(_ALLOCATIONS)
         self._ids = self._positions = self._row_index = self._column_index = torch.empty(0)
 
     @property
@@ -137,7 +142,7 @@ class StaticKV:
         self._positions = torch.zeros((want_rows, 1), dtype=torch.int64, device=device)
         self._row_index = torch.arange(want_rows, device=device)
         self._column_index = torch.arange(want_columns, device=device).view(1, -1)
-        self.generation += 1
+        self.generation = next(_ALLOCATIONS)
 
 
 class StepCache:
