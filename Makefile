@@ -16,7 +16,7 @@ PREPARED ?=
 OUTPUT ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup setup-sglang setup-trainers extract pipeline test test-fast test-docker lint bench bench-generate bench-gpu bench-gpu-e2e bench-gpu-fleet bench-gpu-drafter bench-gpu-spot-check clean clean-venvs
+.PHONY: help setup setup-sglang setup-trainers extract pipeline test test-fast test-docker lint bench bench-generate bench-gpu-generate bench-gpu bench-gpu-e2e bench-gpu-fleet bench-gpu-drafter bench-gpu-spot-check clean clean-venvs
 
 # Deployment (Ansible) and monitoring targets live in their own files.
 include $(wildcard mk/*.mk)
@@ -88,6 +88,11 @@ bench: setup  ## benchmarks; writes bench/results.json, results-durability.json,
 
 bench-generate:  ## decode tokens/s and peak memory of the embedded server vs transformers generate; writes bench/results-generate.json
 	PYTHONPATH=extractor $(BIN)/python bench/bench_generate.py --out bench/results-generate.json
+
+# The server's decode against transformers' generate on an 8B-shaped bf16 model: the default KV layout, the static one
+# and its step as a CUDA graph (issue 37), each step's launches and syncs profiled (tables in bench/work/generate-profile)
+bench-gpu-generate:  ## on one GPU: decode tokens/s of the embedded server (each KV layout, graphs) vs transformers generate at 1/16/64 requests; writes bench/results-gpu-generate.json
+	PYTHONPATH=extractor $(or $(GPU_PYTHON),python3) bench/bench_generate.py --device cuda --decode dynamic,static,graphs --profile bench/work/generate-profile --out bench/results-gpu-generate.json $(BENCH_ARGS)
 
 bench-gpu:  ## on a GPU host: the SGLang hook's forward-thread hold time and dump rate; writes bench/results-gpu.json
 	PYTHONPATH=extractor $(or $(GPU_PYTHON),python3) bench/bench_hook_gpu.py --out bench/results-gpu.json
