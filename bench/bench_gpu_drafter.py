@@ -46,6 +46,7 @@ import json
 import logging
 import os
 import random
+import shlex
 import shutil
 import subprocess
 import sys
@@ -179,14 +180,13 @@ class Server:
     of the default set to extract several outputs at once: ``--extract-servers``). Started without
     waiting; :meth:`wait_ready` waits for its health check, so several start together."""
 
-    def __init__(self, model: Path, work: Path, name: str, device: str, layer_ids: list[int] | None = None) -> None:
+    def __init__(
+        self, model: Path, work: Path, name: str, device: str, layer_ids: list[int] | None = None, extra: str = ""
+    ) -> None:
         self.log_path = work / f"server-{name}.log"
         self.dump_dir = Path("/dev/shm") / f"hsx-drafter-{name}-{os.getpid()}"
         port = e2e.free_port()
-        argv = [sys.executable, "-m", "hsextract", "serve", "--model", str(model), "--dump-dir", str(self.dump_dir)]
-        argv += ["--port", str(port), "--device", device, "--max-running-requests", "256"]
-        if layer_ids is not None:
-            argv += ["--layer-ids", ",".join(map(str, layer_ids))]
+        argv = serve_argv(model, self.dump_dir, port, device, layer_ids, extra)
         with open(self.log_path, "wb") as handle:
             self.process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{port}"
@@ -201,17 +201,27 @@ class Server:
         shutil.rmtree(self.dump_dir, ignore_errors=True)
 
 
+def serve_argv(model: Path, dump_dir: Path, port: int, device: str, layer_ids: list[int] | None, extra: str) -> list[str]:
+    """``hsextract serve``'s command line; ``extra`` (``--serve-args``) goes last, so it overrides."""
+    argv = [sys.executable, "-m", "hsextract", "serve", "--model", str(model), "--dump-dir", str(dump_dir)]
+    argv += ["--port", str(port), "--device", device, "--max-running-requests", "256"]
+    if layer_ids is not None:
+        argv += ["--layer-ids", ",".join(map(str, layer_ids))]
+    return argv + shlex.split(extra)
+
+
 def start_servers(args: argparse.Namespace, work: Path) -> dict[str, Server]:
     """The servers this call extracts through, started together and waited for: ``default`` (which
     also regenerates), ``default-2`` .. ``default-<--extract-servers>``, and ``layer-off`` (the
     layers one later) when the wrong data is made."""
     target = work / "target"
     started = time.perf_counter()
-    servers = {"default": Server(target, work, "default", args.device)}
+    extra = args.serve_args
+    servers = {"default": Server(target, work, "default", args.device, extra=extra)}
     for index in range(2, args.extract_servers + 1):
-        servers[f"default-{index}"] = Server(target, work, f"default-{index}", args.device)
+        servers[f"default-{index}"] = Server(target, work, f"default-{index}", args.device, extra=extra)
     if args.wrong_data:
-        servers["layer-off"] = Server(target, work, "layer-off", args.device, layer_ids=layer_off_ids(target))
+        servers["layer-off"] = Server(target, work, "layer-off", args.device, layer_ids=layer_off_ids(target), extra=extra)
     try:
         for server in servers.values():  # each one's seconds from the common start
             server.wait_ready()
@@ -825,6 +835,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--extract-servers", type=int, default=2,
                         help="servers on the default layers extracting at once (one extractor a server; each "
                              "is one more hsextract serve on the GPU)")  # fmt: skip
+    parser.add_argument("--serve-args", default="",
+                        help="more hsextract serve options for every server, e.g. --serve-args='--decode-kv static "
+                             "--decode-graphs' (regeneration's decode step as a CUDA graph)")  # fmt: skip
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="skip hsextract verify after the extractions (it rereads every file)")  # fmt: skip
     parser.add_argument("--bundle-out", type=Path, default=None, help="save the target and regenerated conversations here")

@@ -216,6 +216,14 @@ def test_each_output_is_verified_on_its_servers_queue_right_after_its_extraction
     assert [name for queue in unverified.values() for name in queue if name.startswith("verify")] == []
 
 
+def test_serve_args_reach_every_server_last_so_they_override(tmp_path: Path) -> None:
+    argv = bench.serve_argv(tmp_path / "m", tmp_path / "d", 4321, "cuda", [2, 4, 5], "--decode-kv static --decode-graphs")
+    assert argv[-3:] == ["--decode-kv", "static", "--decode-graphs"]
+    assert argv[argv.index("--layer-ids") + 1] == "2,4,5" and argv[argv.index("--port") + 1] == "4321"
+    assert bench.serve_argv(tmp_path / "m", tmp_path / "d", 1, "cuda", None, "")[-2:] == ["--max-running-requests", "256"]
+    assert bench.parse_args(["--serve-args", "--decode-kv static"]).serve_args == "--decode-kv static"
+
+
 def test_a_bundles_pool_is_grown_only_when_it_is_this_corpuss_pool(tmp_path: Path) -> None:
     args = bench.parse_args(["--corpus-bytes", "300000", "--sizes", "20", "--pool", "20", "--bundle-in", str(tmp_path)])
     pool = bench.Corpus(args).conversations(0)["train"]
