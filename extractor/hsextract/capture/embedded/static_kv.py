@@ -31,7 +31,7 @@ import torch
 #: the model's step: (ids [rows, 1], additive mask [rows, 1, 1, columns], position ids [rows, 1], the cache) ->
 #: the rows' final states [rows, hidden]
 StepForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, "StepCache"], torch.Tensor]
-#: a buffer's column count is a multiple of this: a longer row reallocates at most every COLUMN_STEP tokens
+#: a buffer's column count is a multiple of this, so rows of other lengths joining rarely reallocate it
 COLUMN_STEP = 64
 
 
