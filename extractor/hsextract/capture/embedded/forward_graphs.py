@@ -26,11 +26,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 LENGTH_STEP = 64  # a bucket's length is a multiple of this: at most 63 pad columns a row
 MAX_GRAPHS = 64  # shapes captured at most; a batch of any other shape runs eagerly
@@ -64,6 +65,34 @@ def bucket(rows: int, length: int, max_tokens: int) -> tuple[int, int] | None:
     return (padded_rows, padded_length) if padded_rows * padded_length <= max_tokens else None
 
 
+class GraphCapture:
+    """One memory pool and side stream for a family of graphs, and how each is captured: ``run`` once eagerly on
+    the side stream (lazy initialisations such as cuBLAS workspaces and kernel choices happen outside the
+    capture), then recorded there. The forward graphs and the decode step's (step_graphs.py) both capture so."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._device = device
+        self._pool: Any = None
+        self._stream: Any = None
+
+    def capture(self, run: Callable[[], T]) -> tuple[Any, T]:
+        """The recorded graph (``torch.cuda.CUDAGraph``) and what ``run`` returned while recording (its static
+        outputs, overwritten by every replay); raises where ``run`` cannot be captured (or there is no GPU)."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+            self._stream = torch.cuda.Stream(self._device)  # type: ignore[no-untyped-call]
+        current = torch.cuda.current_stream(self._device)
+        self._stream.wait_stream(current)
+        with torch.cuda.stream(self._stream):
+            run()
+        current.wait_stream(self._stream)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: the other scheduler threads (spot check, decode, extraction) may launch their own forwards
+        with torch.cuda.graph(graph, pool=self._pool, stream=self._stream, capture_error_mode="thread_local"):
+            output = run()
+        return graph, output
+
+
 @dataclass
 class _Graph:
     graph: Any  # torch.cuda.CUDAGraph
@@ -80,8 +109,7 @@ class ForwardGraphs:
         self._wanted = set(wanted)  # indexes into hidden_states the engine reads (-1: the final state)
         self._device = device
         self._graphs: dict[tuple[int, int], _Graph] = {}
-        self._pool: Any = None
-        self._stream: Any = None
+        self._capturer = GraphCapture(device)
         self.enabled = True
 
     @property
@@ -108,18 +136,8 @@ class ForwardGraphs:
         return graph.states, graph.prenorm
 
     def _capture(self, shape: tuple[int, int]) -> _Graph:
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-            self._stream = torch.cuda.Stream(self._device)  # type: ignore[no-untyped-call]
         ids = torch.zeros(shape, dtype=torch.int64, device=self._device)
-        self._stream.wait_stream(torch.cuda.current_stream(self._device))
-        with torch.cuda.stream(self._stream):
-            self._forward(ids)  # lazy initialisations (cuBLAS workspaces, kernel choices) happen outside the capture
-        torch.cuda.current_stream(self._device).wait_stream(self._stream)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: the spot-check and decode threads may launch their own forwards meanwhile
-        with torch.cuda.graph(graph, pool=self._pool, stream=self._stream, capture_error_mode="thread_local"):
-            states, prenorm = self._forward(ids)
+        graph, (states, prenorm) = self._capturer.capture(lambda: self._forward(ids))
         kept = [s if i in self._wanted or i - len(states) in self._wanted else NOT_KEPT for i, s in enumerate(states)]
         log.info("captured the forward of %d rows x %d tokens (%d graphs)", shape[0], shape[1], len(self._graphs) + 1)
         return _Graph(graph, ids, kept, prenorm)

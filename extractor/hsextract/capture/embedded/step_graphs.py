@@ -8,10 +8,11 @@ mask built on the device from the positions. The graph runs every buffer row (th
 ones hold token 0 at column 0 and are not read), so one graph serves any number of running rows until the
 buffers are reallocated (more rows or columns than they hold); then the next step captures again.
 
-Capturing runs the step once eagerly on a side stream first (lazy initialisations happen outside the
-capture), then records it, then replays it: a step writes each row's key and value at its own column,
-from the same inputs each time, so running it twice writes the same values. A capture that fails turns
-graphs off for the rest of the process and the steps run eagerly.
+Capturing (``forward_graphs.GraphCapture``, as the forward graphs do) runs the step once eagerly on a side
+stream first (lazy initialisations happen outside the capture), then records it, then replays it: a step
+writes each row's key and value at its own column, from the same inputs each time, so running it twice
+writes the same values. A capture that fails turns graphs off for the rest of the process and the steps
+run eagerly.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 import torch
 
+from hsextract.capture.embedded.forward_graphs import GraphCapture
 from hsextract.capture.embedded.static_kv import StaticKV
 
 log = logging.getLogger(__name__)
@@ -31,12 +33,10 @@ class StepGraphs:
     """The captured step of the current buffers (one at a time: a reallocation makes it stale)."""
 
     def __init__(self, device: torch.device) -> None:
-        self._device = device
         self._graph: Any = None
         self._output: torch.Tensor | None = None
         self._generation = -1
-        self._pool: Any = None
-        self._stream: Any = None
+        self._capturer = GraphCapture(device)
         self.enabled = True
         self.captured = 0
 
@@ -58,19 +58,8 @@ class StepGraphs:
         return self._output
 
     def _capture(self, kv: StaticKV, step: Callable[[int], torch.Tensor]) -> None:
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-            self._stream = torch.cuda.Stream(self._device)  # type: ignore[no-untyped-call]
         rows = kv.capacity[0]
-        current = torch.cuda.current_stream(self._device)
-        self._stream.wait_stream(current)
-        with torch.cuda.stream(self._stream):
-            step(rows)  # cuBLAS workspaces, kernel choices: outside the capture
-        current.wait_stream(self._stream)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: the extraction scheduler may launch its own forwards (and graphs) meanwhile
-        with torch.cuda.graph(graph, pool=self._pool, stream=self._stream, capture_error_mode="thread_local"):
-            output = step(rows)
-        self._graph, self._output, self._generation = graph, output, kv.generation
+        self._graph, self._output = self._capturer.capture(lambda: step(rows))
+        self._generation = kv.generation
         self.captured += 1
         log.info("captured the decode step of %d rows x %d columns", *kv.capacity)
