@@ -48,6 +48,7 @@ import math
 import os
 import platform
 import random
+import resource
 import shutil
 import socket
 import statistics
@@ -349,8 +350,42 @@ def server_stages(before: dict[str, float], after: dict[str, float]) -> dict[str
 
 def process_cpu_seconds(pid: int) -> float:
     """User and system CPU seconds of a process, all its threads (/proc/PID/stat's utime and stime)."""
+    usage = process_usage(pid)
+    return usage["user_s"] + usage["system_s"]
+
+
+def process_usage(pid: int) -> dict[str, float]:
+    """A process's user and system CPU seconds and context switches, all its threads. This process's own come from
+    getrusage (its threads that ended count too); another's from /proc (its live threads' switches: the server's
+    threads live as long as it does)."""
+    if pid == os.getpid():
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        return {"user_s": own.ru_utime, "system_s": own.ru_stime, "voluntary_switches": own.ru_nvcsw,
+                "involuntary_switches": own.ru_nivcsw}  # fmt: skip
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    usage = {"user_s": int(fields[11]) / tick, "system_s": int(fields[12]) / tick, "voluntary_switches": 0.0,
+             "involuntary_switches": 0.0}  # fmt: skip
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        with suppress(OSError):  # a thread that ended meanwhile
+            for line in status.read_text().splitlines():
+                key, _, value = line.partition(":")
+                if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+                    usage["voluntary_switches" if key[0] == "v" else "involuntary_switches"] += int(value)
+    return usage
+
+
+def per_row(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], rows: int) -> dict[str, Any]:
+    """Each process's CPU milliseconds and context switches per row written, over one phase."""
+    return {
+        side: {
+            "user_ms": (after[side]["user_s"] - usage["user_s"]) / rows * 1e3,
+            "system_ms": (after[side]["system_s"] - usage["system_s"]) / rows * 1e3,
+            "voluntary_switches": (after[side]["voluntary_switches"] - usage["voluntary_switches"]) / rows,
+            "involuntary_switches": (after[side]["involuntary_switches"] - usage["involuntary_switches"]) / rows,
+        }
+        for side, usage in before.items()
+    }
 
 
 def extract(
@@ -372,11 +407,15 @@ def extract(
     before = scrape(url)
     util: list[float] = []
     with SAMPLER.sampling(util), PROFILER.profiling(phase if phase in args.profile_phases.split(",") else "") as profile:
-        cpu_before = {side: process_cpu_seconds(pid) for side, pid in PROFILER.pids.items()}
+        usage_before = {side: process_usage(pid) for side, pid in PROFILER.pids.items()}
         started = time.perf_counter()
         summary = Extraction(config, metrics=metrics).run()
         seconds = time.perf_counter() - started
-        cpu = {side: (process_cpu_seconds(pid) - cpu_before[side]) / seconds for side, pid in PROFILER.pids.items()}
+        usage_after = {side: process_usage(pid) for side, pid in PROFILER.pids.items()}
+    cpu = {
+        side: (usage_after[side]["user_s"] + usage_after[side]["system_s"] - usage["user_s"] - usage["system_s"]) / seconds
+        for side, usage in usage_before.items()
+    }
     after = scrape(url)
     if summary.status != "complete" or summary.total_tokens != expected_tokens:
         raise RuntimeError(f"extraction ended {summary.status} with {summary.total_tokens}/{expected_tokens} tokens written")
@@ -399,6 +438,8 @@ def extract(
         "packed_in_process": metrics.registry.get_sample_value("hsextract_packed_in_process_total"),
         # each process's CPU seconds over the phase's: near 1.0 with mostly Python work is one GIL, saturated
         "cpu_seconds_per_second": cpu,
+        # the same per row: a side's fixed cost, which caps short rows at about 1000 / (its GIL-held ms) rows/s
+        "per_row": per_row(usage_before, usage_after, max(1, summary.total_samples)),
         "server": server_stages(before, after),
         **({"py_spy": profile} if profile else {}),
     }
@@ -688,14 +729,17 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
     add("--heads", type=int, default=32)
     add("--kv-heads", type=int, default=8)
     add("--vocab", type=int, default=128256)
-    add("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    add("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    add("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: the same run on the CPU at the sizes given, for "
+        "what the extraction path costs a row when the forward is cheap (default: %(default)s)")
 
 
 def finish_args(args: argparse.Namespace) -> argparse.Namespace:
     """After a script's own --cpu-smoke workload sizes: the toy model, the device and the torch dtype."""
     if args.cpu_smoke:
         args.hidden, args.intermediate, args.layers, args.heads, args.kv_heads, args.vocab = 64, 128, 8, 4, 2, 1024
-    args.device = "cpu" if args.cpu_smoke else "cuda"
+    if args.cpu_smoke:
+        args.device = "cpu"
     args.torch_dtype = getattr(torch, args.dtype)
     return args
 
@@ -762,7 +806,7 @@ def main() -> int:
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     args = parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("no CUDA device: run with --cpu-smoke to check the script on the CPU")
+        raise SystemExit("no CUDA device: run with --cpu-smoke to check the script on the CPU, or --device cpu")
     skip = {s for s in args.skip.split(",") if s}
     device = torch.device(args.device)
     args.disk_dir.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hsextract.contract.files.dumps import Dump, completed_at, read_dump, remove_dump
+from hsextract.contract.files.dumps import Dump, read_dump, remove_dump
 from hsextract.durable.atomic import is_disk_full
 from hsextract.durable.sync import sync_file
 from hsextract.errors import HsextractError
@@ -55,10 +55,10 @@ class Packed:
 def take_dump(directory: Path, packed: Packed) -> Dump:
     """Read a complete dump, noting how long after its completion it was taken up."""
     with packed.timed("read"):
-        done_at = completed_at(directory)
-        if done_at is not None:
-            packed.picked_up_after_s = max(0.0, time.time() - done_at)
-        return read_dump(directory)
+        dump = read_dump(directory)
+    if dump.completed_at is not None:
+        packed.picked_up_after_s = max(0.0, time.time() - dump.completed_at)
+    return dump
 
 
 def write_and_sync(fmt: OutputFormat, output: Path, sample: Sample, dump: Dump, directory: Path, packed: Packed) -> None:

@@ -52,8 +52,8 @@ from hsextract.output.sample import Sample
 log = logging.getLogger(__name__)
 
 #: polling the dump directory while the request is open: first after this, then doubling up to the cap
-FIRST_POLL_S = 0.005
-MAX_POLL_S = 0.1
+FIRST_POLL_S = 0.1
+MAX_POLL_S = 0.25
 #: how long a row waits for the server to let go of an earlier request of its rid: SGLang notices a
 #: closed connection within about 4 s (SGLANG_REQUEST_STATE_WAIT_TIMEOUT) and then aborts it; the
 #: embedded server holds it until that forward is done

@@ -144,8 +144,13 @@ class _AppendLog:
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self._size = os.fstat(self._fd).st_size
 
-    def append(self, record: dict[str, Any]) -> None:
-        data = (json.dumps(record) + "\n").encode()
+    @staticmethod
+    def line(record: dict[str, Any]) -> bytes:
+        """A record as its line: encoded before the caller takes its lock, which every row's worker wants."""
+        return (json.dumps(record) + "\n").encode()
+
+    def append(self, data: bytes) -> None:
+        """Append one whole line (:meth:`line`)."""
         try:
             written = os.write(self._fd, data)
             if written != len(data):
@@ -210,8 +215,9 @@ class Manifest:
             self.errors.pop(row, None)
 
     def add_written(self, sample: WrittenSample) -> None:
+        line = _AppendLog.line(asdict(sample))
         with self._lock:
-            self._samples_log.append(asdict(sample))
+            self._samples_log.append(line)
             self.written[sample.row] = sample
             self.errors.pop(sample.row, None)
             folder = (self.root / sample.file).parent
@@ -221,8 +227,9 @@ class Manifest:
             self._start_syncer()
 
     def add_error(self, error: ErrorRecord) -> None:
+        line = _AppendLog.line(asdict(error))
         with self._lock:
-            self._errors_log.append(asdict(error))
+            self._errors_log.append(line)
             self.errors[error.row] = error
             self._start_syncer()
 

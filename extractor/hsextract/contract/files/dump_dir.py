@@ -162,6 +162,25 @@ def _open_request_dir_at(root_fd: int, directory: Path, create: bool) -> int | N
     return fd
 
 
+def request_dir_exists(directory: Path) -> bool:
+    """Whether ``<root>/<rid>`` is there (one ``lstat``); DumpError ``unsafe_dump`` for a symlink or file in its place."""
+    try:
+        mode = os.lstat(directory).st_mode
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(mode):
+        raise _unsafe(directory, "a symlink" if stat.S_ISLNK(mode) else "not a directory")
+    return True
+
+
+def read_whole(fd: int) -> bytes:
+    """A small file's bytes from its descriptor (at its offset): plain ``read`` calls, no file object around it."""
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def open_file(dir_fd: int, name: str, where: Path) -> int | None:
     """Open a regular file in a request directory without following symlinks; None when missing."""
     try:

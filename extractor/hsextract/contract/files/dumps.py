@@ -28,7 +28,6 @@ import dataclasses
 import json
 import os
 import shutil
-import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,7 +38,16 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from hsextract import __version__
-from hsextract.contract.files.dump_dir import fd_path, is_regular_file, open_file, open_request_dir, prepare_dump_root
+from hsextract.contract.files.dump_dir import (
+    DIR_FLAGS,
+    fd_path,
+    is_regular_file,
+    open_file,
+    open_request_dir,
+    prepare_dump_root,
+    read_whole,
+    request_dir_exists,
+)
 from hsextract.contract.files.fp8 import FP8_DTYPE, FP8_STORAGE
 from hsextract.contract.files.tensor_file import write_safetensors
 from hsextract.contract.rids import parse_rid
@@ -51,6 +59,8 @@ HIDDEN_FILE = "hidden.safetensors"
 META_FILE = "meta.json"
 DONE_FILE = "done"
 ERROR_FILE = "error"
+#: what a request directory holds, the marker first: a reader never finds ``done`` without the files
+DUMP_FILES = (DONE_FILE, ERROR_FILE, META_FILE, HIDDEN_FILE)
 DUMP_FORMAT_VERSION = 1
 #: ``final_slot`` of an FP8 dump: which final state its last slot holds
 FINAL_SLOT_PRENORM = "prenorm"
@@ -137,6 +147,7 @@ class Dump:
     hidden_states: torch.Tensor | None = None  # [T, K+1, H] float8_e4m3fn
     hidden_states_scales: torch.Tensor | None = None  # [T, 1, 1] float32
     storage_dtype: str | None = None  # FP8_STORAGE for an FP8 dump
+    completed_at: float | None = None  # when its ``done`` marker was written (time.time() scale), as read
 
     def __post_init__(self) -> None:
         fp8 = (self.hidden_states, self.hidden_states_scales)
@@ -328,36 +339,20 @@ def write_error_marker(root: Path, rid: str, reason: str) -> None:
 
 
 def dump_state(directory: Path) -> DumpState:
-    """``done``, ``error`` or ``pending``; DumpError ``unsafe_dump`` for a symlink or foreign file."""
-    dir_fd = open_request_dir(directory)
-    if dir_fd is None:
+    """``done``, ``error`` or ``pending``; DumpError ``unsafe_dump`` when a symlink or file stands in the request
+    directory's place. A row's worker asks while its request is open, so this costs one to three ``lstat``: the
+    trust checks of what is inside (owner, mode, no symlinked files) are :func:`read_dump`'s and
+    :func:`read_error`'s, which open it."""
+    if not request_dir_exists(directory):
         return DumpState.PENDING
-    try:
-        for name, state in ((DONE_FILE, DumpState.DONE), (ERROR_FILE, DumpState.ERROR)):
-            fd = open_file(dir_fd, name, directory)
-            if fd is not None:
-                os.close(fd)
-                return state
-        return DumpState.PENDING
-    finally:
-        os.close(dir_fd)
-
-
-def completed_at(directory: Path) -> float | None:
-    """When the dump became complete: its ``done`` marker's mtime (``time.time()`` scale), or None."""
-    dir_fd = open_request_dir(directory)
-    if dir_fd is None:
-        return None
-    try:
-        fd = open_file(dir_fd, DONE_FILE, directory)
-        if fd is None:
-            return None
+    prefix = f"{directory}{os.sep}"
+    for name, state in ((DONE_FILE, DumpState.DONE), (ERROR_FILE, DumpState.ERROR)):
         try:
-            return os.fstat(fd).st_mtime
-        finally:
-            os.close(fd)
-    finally:
-        os.close(dir_fd)
+            os.lstat(prefix + name)
+        except FileNotFoundError:
+            continue
+        return state
+    return DumpState.PENDING
 
 
 def read_error(directory: Path) -> str:
@@ -387,15 +382,17 @@ def read_dump(directory: Path) -> Dump:
         done = open_file(dir_fd, DONE_FILE, directory)
         if done is None:
             raise DumpError(ErrorReason.DUMP_INCOMPLETE, f"dump {directory} has no '{DONE_FILE}' sentinel")
-        os.close(done)
+        try:
+            completed = os.fstat(done).st_mtime
+        finally:
+            os.close(done)
         try:
             meta_fd = open_file(dir_fd, META_FILE, directory)
             hidden_fd = open_file(dir_fd, HIDDEN_FILE, directory)
             try:
                 if meta_fd is None or hidden_fd is None:
                     raise DumpError(ErrorReason.DUMP_MALFORMED, f"dump {directory} is marked done but lacks its files")
-                with os.fdopen(os.dup(meta_fd), "rb") as handle:
-                    meta = DumpMeta.from_json(json.loads(handle.read()), directory / META_FILE)
+                meta = DumpMeta.from_json(json.loads(read_whole(meta_fd)), directory / META_FILE)
                 with safe_open(fd_path(hidden_fd), framework="pt") as tensors_file:
                     names = set(tensors_file.keys())
                     missing = set(PLAIN_TENSORS if meta.storage_dtype is None else FP8_TENSORS) - names
@@ -425,6 +422,7 @@ def read_dump(directory: Path) -> Dump:
             hidden_states=tensors["hidden_states"],
             hidden_states_scales=tensors["hidden_states_scales"],
             storage_dtype=meta.storage_dtype,
+            completed_at=completed,
         )
     return Dump(
         rid=directory.name,
@@ -433,17 +431,31 @@ def read_dump(directory: Path) -> Dump:
         aux_hidden_states=tensors["aux_hidden_states"],
         final_hidden_state=tensors["final_hidden_state"],
         final_prenorm_hidden_state=tensors.get("final_prenorm_hidden_state"),
+        completed_at=completed,
     )
 
 
 def remove_dump(directory: Path) -> None:
-    """Remove a request's directory; a symlink or file in its place is unlinked, never followed."""
+    """Remove a request's directory; a symlink or file in its place is unlinked, never followed. A dump's own
+    files go by name (a few calls, each of which lets another of the extractor's threads run), anything else
+    inside (a writer's temp file) through ``shutil.rmtree``."""
     try:
-        st = os.lstat(directory)
+        dir_fd = os.open(directory, DIR_FLAGS)
     except FileNotFoundError:
         return
-    if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(directory, ignore_errors=True)  # fd-based on Linux: links inside are not followed
-    else:
+    except OSError:  # a symlink (ELOOP) or a file (ENOTDIR) in its place
         with contextlib.suppress(OSError):
             os.unlink(directory)
+        return
+    try:
+        for name in DUMP_FILES:
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+    try:
+        os.rmdir(directory)
+    except FileNotFoundError:
+        pass
+    except OSError:  # not empty
+        shutil.rmtree(directory, ignore_errors=True)  # fd-based on Linux: links inside are not followed

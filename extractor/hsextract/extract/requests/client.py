@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import orjson
 
 from hsextract.contract.generate import (
     GENERATE_PATH,
@@ -57,6 +58,7 @@ from hsextract.errors import (
     WrongServerError,
 )
 from hsextract.extract.requests.http_threads import KEEPALIVE_EXPIRY_S, RequestsCancelled, ThreadedHTTP
+from hsextract.extract.requests.plain_post import PlainConnection
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ log = logging.getLogger(__name__)
 #: written before their answer came keep theirs for answer_grace_s more
 MAX_REQUEST_THREADS = 2048
 _RETRIED = (408, 429)
+_JSON_BODY = {"Content-Type": "application/json"}
 #: the spot check's answer: binary where the server offers it (a JSON one costs both sides' GIL for 0.2 s)
 _SPOT_CHECK_ACCEPT = f"{STATES_MEDIA_TYPE}, application/json;q=0.5"
 
@@ -93,11 +96,14 @@ class PendingAnswer:
         self.request = request
         self._future = future
         self._abort = abort
+        # One event per request, set when the answer is in: a row's worker waits on it many times, and
+        # concurrent.futures.wait builds and installs a waiter (a condition and its lock) on every call.
+        self._in = threading.Event()
+        future.add_done_callback(lambda _: self._in.set())
 
     def wait(self, timeout_s: float | None) -> bool:
         """Wait up to ``timeout_s`` (None: for good) for the answer or its failure; True once it is in."""
-        done, _ = concurrent.futures.wait([self._future], timeout=timeout_s)
-        return bool(done)
+        return self._in.wait(timeout_s)
 
     def done(self) -> bool:
         return self._future.done()
@@ -232,11 +238,11 @@ class ServerClient:
 
     def send_prefill(self, request: GenerateRequest) -> PendingAnswer:
         """POST /generate (``max_new_tokens`` 0) and return at once; the answer comes as a :class:`PendingAnswer`."""
-        body = request.to_json()
+        body = orjson.dumps(request.to_json())
 
-        def post(client: httpx.Client) -> GenerateAnswer:
+        def post(connection: PlainConnection) -> GenerateAnswer:
             try:
-                response = client.post(GENERATE_PATH, json=body)
+                response = connection.post(GENERATE_PATH, body, _JSON_BODY)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 raise ServerUnreachableError(
                     f"{GENERATE_PATH} for {request.rid}: no connection to {self.base_url} ({type(exc).__name__}: {exc})"
@@ -247,7 +253,7 @@ class ServerClient:
                 raise TransientServerError(f"{GENERATE_PATH} for {request.rid} failed: {type(exc).__name__}: {exc}") from exc
             return self._classify(request, response)
 
-        future = self._http.submit(post)
+        future = self._http.submit_plain(post)
         return PendingAnswer(request, future, lambda: self._http.abort(future))
 
     def spot_check(self, request: SpotCheckRequest) -> SpotCheckAnswer:

@@ -31,6 +31,8 @@ from typing import Any, TypeVar
 import httpcore
 import httpx
 
+from hsextract.extract.requests.plain_post import PlainConnection
+
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
@@ -240,8 +242,29 @@ class _HandOff:
             stopped += len(threads)
 
 
+class _Connections:
+    """One request thread's connections: an httpx client on its own transport, and a plain one for the rows' POSTs."""
+
+    def __init__(self, base_url: str, timeout: httpx.Timeout, keepalive_expiry_s: float, refuse: Callable[[], bool]) -> None:
+        self.transport = _OwnTransport(refuse, keepalive_expiry_s)
+        self.client = httpx.Client(base_url=base_url, timeout=timeout, transport=self.transport)
+        url = httpx.URL(base_url)
+        tls = url.scheme == "https"
+        port = url.port if url.port is not None else (443 if tls else 80)
+        self.plain = PlainConnection(url.host, port, timeout.connect, timeout.read, keepalive_expiry_s, refuse, tls)
+
+    def shutdown(self) -> None:
+        self.transport.backend.shutdown()
+        self.plain.shutdown()
+
+    def close(self) -> None:
+        self.client.close()
+        self.plain.close()
+
+
 class ThreadedHTTP:
-    """Runs ``work(client)`` on a pool thread with that thread's own ``httpx.Client``."""
+    """Runs ``work(client)`` on a pool thread with that thread's own ``httpx.Client`` (or, :meth:`submit_plain`,
+    ``work(connection)`` with its own :class:`~hsextract.extract.requests.plain_post.PlainConnection`)."""
 
     def __init__(
         self, base_url: str, timeout: httpx.Timeout, max_threads: int, keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S
@@ -253,27 +276,31 @@ class ThreadedHTTP:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._cancelled = False
-        self._transports: list[_OwnTransport] = []
-        self._clients: list[httpx.Client] = []
-        self._running: dict[Future[Any], _OwnTransport] = {}
+        self._connections: list[_Connections] = []
+        self._running: dict[Future[Any], _Connections] = {}
         self._timers = _Timers()
 
     def _refuse(self) -> bool:
         return self._cancelled
 
-    def _thread_client(self) -> tuple[httpx.Client, _OwnTransport]:
-        client: httpx.Client | None = getattr(self._local, "client", None)
-        if client is None:
-            transport = _OwnTransport(self._refuse, self._keepalive_expiry_s)
-            client = httpx.Client(base_url=self._base_url, timeout=self._timeout, transport=transport)
-            self._local.client, self._local.transport = client, transport
+    def _thread_connections(self) -> _Connections:
+        connections: _Connections | None = getattr(self._local, "connections", None)
+        if connections is None:
+            connections = _Connections(self._base_url, self._timeout, self._keepalive_expiry_s, self._refuse)
+            self._local.connections = connections
             with self._lock:
-                self._clients.append(client)
-                self._transports.append(transport)
-        return client, self._local.transport
+                self._connections.append(connections)
+        return connections
 
     def submit(self, work: Callable[[httpx.Client], T]) -> Future[T]:
         """Start ``work`` on a request thread. After :meth:`cancel` the future fails with RequestsCancelled."""
+        return self._submit(lambda connections: work(connections.client))
+
+    def submit_plain(self, work: Callable[[PlainConnection], T]) -> Future[T]:
+        """:meth:`submit` with the thread's plain connection: for the POST every row sends (plain_post says why)."""
+        return self._submit(lambda connections: work(connections.plain))
+
+    def _submit(self, work: Callable[[_Connections], T]) -> Future[T]:
         future: Future[T] = Future()
         if self._cancelled:
             future.set_exception(RequestsCancelled("the run is stopping: no new requests"))
@@ -282,11 +309,11 @@ class ThreadedHTTP:
         def run() -> None:
             if not future.set_running_or_notify_cancel():
                 return
-            client, transport = self._thread_client()
+            connections = self._thread_connections()
             with self._lock:
-                self._running[future] = transport
+                self._running[future] = connections
             try:
-                result = work(client)
+                result = work(connections)
             except BaseException as exc:
                 future.set_exception(exc)
             else:
@@ -307,9 +334,9 @@ class ThreadedHTTP:
         if future.cancel():
             return
         with self._lock:
-            transport = self._running.get(future)
-        if transport is not None:
-            transport.backend.shutdown()
+            connections = self._running.get(future)
+        if connections is not None:
+            connections.shutdown()
 
     def later(self, delay_s: float, callback: Callable[[], object]) -> None:
         """Call ``callback`` (quick, non-blocking) after ``delay_s`` on the timer thread."""
@@ -321,10 +348,10 @@ class ThreadedHTTP:
         keeps its connection after its request, so the connections outnumber them (23 at concurrency 16)."""
         with self._lock:
             self._cancelled = True
-            transports = list(self._transports)
+            connections = list(self._connections)
             in_flight = len(self._running)
-        for transport in transports:
-            transport.backend.shutdown()
+        for each in connections:
+            each.shutdown()
         return in_flight
 
     def close(self) -> None:
@@ -332,6 +359,6 @@ class ThreadedHTTP:
         self._threads.shutdown()
         self._timers.close()
         with self._lock:
-            clients = list(self._clients)
-        for client in clients:
-            client.close()
+            connections = list(self._connections)
+        for each in connections:
+            each.close()
