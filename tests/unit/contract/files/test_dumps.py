@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from hsextract.contract.files.dumps import (
     dump_path,
     dump_state,
     read_dump,
+    remove_dump,
     write_dump,
     write_error_marker,
     write_fp8_dump,
@@ -154,3 +156,40 @@ def test_damaged_dumps_are_dump_errors(tmp_path: Path, damage: object, reason: s
     with pytest.raises(DumpError) as caught:
         read_dump(directory)
     assert caught.value.reason == reason
+
+
+def test_read_dump_says_when_its_done_marker_was_written(tmp_path: Path) -> None:
+    directory = write(tmp_path)
+    os.utime(directory / DONE_FILE, (1_700_000_000.5, 1_700_000_000.5))
+    assert read_dump(directory).completed_at == 1_700_000_000.5
+
+
+def test_a_symlink_in_a_request_directorys_place_is_unsafe_not_pending(tmp_path: Path) -> None:
+    elsewhere = write(tmp_path / "elsewhere")
+    (tmp_path / "dumps").mkdir()
+    link = tmp_path / "dumps" / elsewhere.name
+    link.symlink_to(elsewhere)
+    with pytest.raises(DumpError) as caught:
+        dump_state(link)
+    assert caught.value.reason == "unsafe_dump" and "symlink" in str(caught.value)
+
+
+def test_remove_dump_removes_the_dump_and_what_else_is_inside(tmp_path: Path) -> None:
+    plain = write(tmp_path)
+    remove_dump(plain)
+    assert not plain.exists()
+    with_leftover = write(tmp_path / "other")
+    (with_leftover / ".hidden.safetensors.tmp-1-2").write_bytes(b"a writer's temp file")
+    remove_dump(with_leftover)
+    assert not with_leftover.exists()
+    remove_dump(tmp_path / "never-made")  # nothing there: nothing to do
+
+
+def test_remove_dump_unlinks_a_symlink_in_its_place_and_leaves_the_target(tmp_path: Path) -> None:
+    target = write(tmp_path / "target")
+    (tmp_path / "dumps").mkdir()
+    link = tmp_path / "dumps" / target.name
+    link.symlink_to(target)
+    remove_dump(link)
+    assert not os.path.lexists(link)
+    assert sorted(p.name for p in target.iterdir()) == sorted([DONE_FILE, HIDDEN_FILE, META_FILE])
