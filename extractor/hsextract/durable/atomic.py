@@ -29,7 +29,12 @@ _DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "StorageFu
 
 def temp_path(path: Path) -> Path:
     """A hidden sibling of ``path``, unique per process and thread."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    return path.with_name(temp_name(path.name))
+
+
+def temp_name(name: str) -> str:
+    """:func:`temp_path`'s name for a file called ``name``."""
+    return f".{name}.tmp-{os.getpid()}-{threading.get_ident()}"
 
 
 def is_temp_name(name: str) -> bool:

@@ -49,10 +49,10 @@ from hsextract.contract.files.dump_dir import (
     request_dir_exists,
 )
 from hsextract.contract.files.fp8 import FP8_DTYPE, FP8_STORAGE
-from hsextract.contract.files.tensor_file import write_safetensors
+from hsextract.contract.files.tensor_file import write_safetensors_to
 from hsextract.contract.rids import parse_rid
 from hsextract.contract.states import DumpState, ErrorReason
-from hsextract.durable.atomic import temp_path
+from hsextract.durable.atomic import temp_name
 from hsextract.errors import DumpError
 
 HIDDEN_FILE = "hidden.safetensors"
@@ -194,15 +194,22 @@ def dump_path(root: Path, rid: str) -> Path:
     return root / rid
 
 
-def _replace_at(dir_fd: int, name: str, write: Callable[[str], object]) -> None:
-    """Write ``name`` in the directory ``dir_fd`` under a temp name, then rename it into place.
-    The temp file is created fresh (never through a symlink) and removed if the write fails."""
-    tmp = temp_path(Path(name)).name
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp, dir_fd=dir_fd)  # a leftover of this pid and thread: ours
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd))
+def _replace_at(dir_fd: int, name: str, write: Callable[[int], object]) -> None:
+    """Write ``name`` in the directory ``dir_fd`` under a temp name, then rename it into place. The temp file is
+    created fresh (never through a symlink), written through the descriptor that created it (each call lets
+    another of the server's threads run: four calls a file) and removed if the write fails."""
+    tmp = temp_name(name)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        write(fd_path(dir_fd, tmp))
+        fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
+    except FileExistsError:  # a leftover of this pid and thread: ours
+        os.unlink(tmp, dir_fd=dir_fd)
+        fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
+    try:
+        try:
+            write(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # replaces a symlink itself, never its target
     except BaseException:
         with contextlib.suppress(OSError):
@@ -211,9 +218,10 @@ def _replace_at(dir_fd: int, name: str, write: Callable[[str], object]) -> None:
 
 
 def _write_bytes_at(dir_fd: int, name: str, data: bytes) -> None:
-    def write(path: str) -> None:
-        with open(path, "wb") as handle:
-            handle.write(data)
+    def write(fd: int) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
 
     _replace_at(dir_fd, name, write)
 
@@ -321,7 +329,7 @@ def _write_complete(root: Path, rid: str, tensors: dict[str, torch.Tensor], meta
             os.unlink(ERROR_FILE, dir_fd=dir_fd)
         metadata = {"rid": rid, "format_version": str(DUMP_FORMAT_VERSION)}
         # Straight from the (pinned) host rows: no staging copy, the interpreter lock released while writing.
-        _replace_at(dir_fd, HIDDEN_FILE, lambda path: write_safetensors(Path(path), tensors, metadata=metadata))
+        _replace_at(dir_fd, HIDDEN_FILE, lambda fd: write_safetensors_to(fd, tensors, metadata=metadata))
         _write_bytes_at(dir_fd, META_FILE, json.dumps(meta().to_json(), indent=1).encode())
         _write_bytes_at(dir_fd, DONE_FILE, b"")
     finally:

@@ -64,27 +64,32 @@ def safetensors_header(tensors: Mapping[str, torch.Tensor], metadata: Mapping[st
 
 def write_safetensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> int:
     """Write ``tensors`` (host, any layout) to ``path``; returns the file's size in bytes."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        return write_safetensors_to(fd, tensors, metadata)
+    finally:
+        os.close(fd)
+
+
+def write_safetensors_to(fd: int, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> int:
+    """:func:`write_safetensors` to a file open for writing (at its offset, left open); returns the bytes written."""
     views = [_bytes_of(t) for t in tensors.values()]
     pending = [memoryview(safetensors_header(tensors, metadata)), *(v for v in views if v.nbytes)]
     total = sum(v.nbytes for v in pending)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        while pending:
-            batch, room = [], _MAX_WRITE
-            for view in pending:
-                if room <= 0:
-                    break
-                batch.append(view[:room])
-                room -= min(room, view.nbytes)
-            written = os.writev(fd, batch)
-            while written:  # drop what was written, keep the rest (writev may write less than asked)
-                head = pending[0]
-                if written >= head.nbytes:
-                    written -= head.nbytes
-                    pending.pop(0)
-                else:
-                    pending[0] = head[written:]
-                    written = 0
-    finally:
-        os.close(fd)
+    while pending:
+        batch, room = [], _MAX_WRITE
+        for view in pending:
+            if room <= 0:
+                break
+            batch.append(view[:room])
+            room -= min(room, view.nbytes)
+        written = os.writev(fd, batch)
+        while written:  # drop what was written, keep the rest (writev may write less than asked)
+            head = pending[0]
+            if written >= head.nbytes:
+                written -= head.nbytes
+                pending.pop(0)
+            else:
+                pending[0] = head[written:]
+                written = 0
     return total
