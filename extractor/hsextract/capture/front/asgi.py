@@ -25,6 +25,7 @@ The engine's answers are :class:`concurrent.futures.Future`; the handlers await 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -32,7 +33,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -82,34 +83,53 @@ class Drain:
     def __init__(self, grace_s: float) -> None:
         self.grace_s = grace_s
         self.open_requests = 0
-        self._closed: asyncio.Event | None = None  # made in the serving loop
-
-    @property
-    def closed(self) -> asyncio.Event:
-        if self._closed is None:
-            self._closed = asyncio.Event()
-        return self._closed
+        self._waiters: set[asyncio.Future[None]] = set()  # each open wait's wake-up
+        self._closed = False
 
     def begin(self) -> None:
         """Start the grace period (call in the serving loop)."""
         if self.open_requests:
             log.info("%d request(s) open: up to %.0f s to answer them, then 503", self.open_requests, self.grace_s)
-        asyncio.get_running_loop().call_later(self.grace_s, self.closed.set)
+        asyncio.get_running_loop().call_later(self.grace_s, self._close)
+
+    def _close(self) -> None:
+        self._closed = True
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def wait(self, future: Future[T], timeout: float) -> T:
-        """The future's result; :class:`TimeoutError` after ``timeout``, :class:`ShuttingDown` at the end of the grace."""
-        answer: asyncio.Future[Any] = asyncio.wrap_future(future)
-        closed: asyncio.Future[Any] = asyncio.ensure_future(self.closed.wait())
+        """The future's result; :class:`TimeoutError` after ``timeout``, :class:`ShuttingDown` at the end of the grace.
+
+        One loop future is woken by whichever comes first (the answer, the grace's end, the timeout): every row's
+        request waits here, and a task for the grace and ``asyncio.wait`` cost the serving loop's thread more per
+        request than the rest of the route."""
+        if self._closed:
+            raise ShuttingDown
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+
+        def wake(_: object = None) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        def answered(_: Future[T]) -> None:  # on the engine's thread
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+                loop.call_soon_threadsafe(wake)
+
+        future.add_done_callback(answered)
+        timer = loop.call_later(timeout, wake)
+        self._waiters.add(waiter)
         self.open_requests += 1
         try:
-            done, _ = await asyncio.wait((answer, closed), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            await waiter
         finally:
             self.open_requests -= 1
-            closed.cancel()
-        if answer in done:
-            result: T = answer.result()
-            return result
-        if closed in done:
+            self._waiters.discard(waiter)
+            timer.cancel()
+        if future.done():
+            return future.result()
+        if self._closed:
             raise ShuttingDown
         raise TimeoutError
 
