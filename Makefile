@@ -16,7 +16,7 @@ PREPARED ?=
 OUTPUT ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup setup-sglang setup-trainers extract pipeline test test-fast test-docker lint bench bench-generate bench-gpu-generate bench-gpu bench-gpu-e2e bench-gpu-fleet bench-gpu-drafter bench-gpu-spot-check clean clean-venvs
+.PHONY: help setup setup-sglang setup-trainers extract pipeline test test-fast test-docker lint bench bench-generate bench-row-cost bench-gpu-generate bench-gpu bench-gpu-e2e bench-gpu-fleet bench-gpu-drafter bench-gpu-spot-check clean clean-venvs
 
 # Deployment (Ansible) and monitoring targets live in their own files.
 include $(wildcard mk/*.mk)
@@ -79,12 +79,19 @@ lint: setup  ## ruff, mypy (strict on the package, bodies of the tests), shellch
 	scripts/lint-shell.sh $(BIN)/shellcheck
 	$(MAKE) lint-ansible
 
-bench: setup  ## benchmarks; writes bench/results.json, results-durability.json, results-spot-check.json, results-prepare.json and results-generate.json
+bench: setup  ## benchmarks; writes bench/results.json, results-durability.json, results-spot-check.json, results-prepare.json, results-generate.json and results-http-client.json
 	$(BIN)/python bench/bench_core.py --out bench/results.json
 	$(BIN)/python bench/bench_durability.py --out bench/results-durability.json
 	$(BIN)/python bench/bench_spot_check.py --out bench/results-spot-check.json
 	$(BIN)/python bench/bench_prepare.py --out bench/results-prepare.json
 	PYTHONPATH=extractor $(BIN)/python bench/bench_generate.py --out bench/results-generate.json
+	PYTHONPATH=extractor $(BIN)/python bench/bench_http_client.py --out bench/results-http-client.json
+
+# Short rows on a tiny model on the CPU (issue 37): what the extraction path costs each side per row when the forward
+# is cheap, as CPU milliseconds and context switches (phase c of bench_gpu_e2e.py, --device cpu; about a minute)
+ROW_COST_SHAPE = --dtype float32 --layers 4 --layer-ids 0,1,2 --hidden 16 --intermediate 32 --heads 2 --kv-heads 1 --vocab 1024
+bench-row-cost: setup  ## on this machine's CPU: serve + extract of 3000 short rows on a tiny model, each side's CPU and context switches per row; writes bench/work/row-cost.json
+	PYTHONPATH=extractor $(BIN)/python bench/bench_gpu_e2e.py --device cpu $(ROW_COST_SHAPE) --median 128 --longest 512 --max-seq-len 512 --rows 3000 --skip a,b,d,ref --disk-dir bench/work --out bench/work/row-cost.json $(BENCH_ARGS)
 
 bench-generate:  ## decode tokens/s and peak memory of the embedded server vs transformers generate; writes bench/results-generate.json
 	PYTHONPATH=extractor $(BIN)/python bench/bench_generate.py --out bench/results-generate.json

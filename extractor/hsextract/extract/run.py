@@ -24,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -68,6 +69,10 @@ from hsextract.ports import check_metrics_port
 
 log = logging.getLogger(__name__)
 
+#: the dump filesystem's use is sampled at most this often while it stays under the high-water mark (two statfs
+#: calls a sample: once per row, they were a tenth of the dispatching thread's calls on short rows)
+SHM_SAMPLE_INTERVAL_S = 0.05
+
 
 class Extraction:
     def __init__(
@@ -83,6 +88,7 @@ class Extraction:
         self.stop = stop_event or threading.Event()
         self._lock = threading.Lock()
         self._inflight = 0
+        self._shm_fine_at = -math.inf  # when the dump filesystem was last sampled under the high-water mark
         self._identity: OutputIdentity | None = None
         self._gate: ServerGate | None = None
         self._finished = threading.Event()
@@ -405,10 +411,13 @@ class Extraction:
         cfg = self.config
         full_since: float | None = None
         while not self.stop.is_set():
+            now = time.monotonic()
+            if now - self._shm_fine_at < SHM_SAMPLE_INTERVAL_S:
+                return True
             used = self.metrics.sample_filesystems(dump_dir, cfg.output)
             if used is None or used < cfg.shm_high_water:
+                self._shm_fine_at = now
                 return True
-            now = time.monotonic()
             if full_since is None:
                 log.warning("dump filesystem %s is %.0f%% full; waiting for it to drain", dump_dir, used * 100)
                 full_since = now
