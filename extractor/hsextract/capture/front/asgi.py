@@ -18,8 +18,8 @@ Errors answer like SGLang, ``{"error": {"message": ..., "code": status}}``:
   forward failed, a request timed out, or the server is shutting down and the request was still open
   when the grace period ended (:class:`Drain`).
 
-The engine's answers are :class:`concurrent.futures.Future`; the handlers await them with
-:func:`asyncio.wrap_future`, so the event loop never blocks on a forward.
+The engine's answers are :class:`concurrent.futures.Future`; the handlers await them through
+:meth:`Drain.wait` (a loop future the answer wakes), so the event loop never blocks on a forward.
 """
 
 from __future__ import annotations

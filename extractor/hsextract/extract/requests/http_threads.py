@@ -11,7 +11,8 @@ The server has answered on the old one; the request hangs until its read timeout
 the stall on the H200 (``tests/test_http_threads.py`` replays it). Here every request thread has its
 own one-connection client: a connection is only ever used and closed by the thread that holds it.
 Stopping is ``shutdown(SHUT_RDWR)`` on the sockets, which wakes a blocked reader and frees no
-descriptor.
+descriptor. The rows' POSTs go out on a second connection of the same thread, on http.client
+(:mod:`~hsextract.extract.requests.plain_post` says why), under the same rules.
 """
 
 from __future__ import annotations
