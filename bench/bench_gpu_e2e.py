@@ -29,14 +29,17 @@ Then, in one run:
 
 ``e2e_vs_forward_ratio`` = (c) / (a); ``e2e_vs_limit_ratio`` = (b) / min((a), (d)); GPU utilisation
 (NVML) is sampled during each phase; per-stage seconds come from the server's ``/metrics`` and the
-extractor's ``hsextract_stage_seconds``; synchronizing CUDA calls on the engine's forward thread are
-counted with ``torch.cuda.set_sync_debug_mode``. Reference checks on the GPU: (1) the first rows of (c)'s
-output against a batch-1 plain forward of the same rows on the same bf16 model (own layer index vs
+extractor's ``hsextract_stage_seconds``; each extraction phase's ``per_row`` gives each side's user and system CPU
+milliseconds and context switches per row written (a short row's fixed cost); synchronizing CUDA calls on the
+engine's forward thread are counted with ``torch.cuda.set_sync_debug_mode``. Reference checks on the GPU: (1) the
+first rows of (c)'s output against a batch-1 plain forward of the same rows on the same bf16 model (own layer index vs
 the neighbouring ones); (2) a float32 Llama-shaped small model through the embedded engine on CUDA,
 batched with padding, against batch-1 float32 forwards at 1e-4. With ``--py-spy BINARY`` (a static
 binary can be carried to the GPU host), (b) and (c) also profile the server and the extractor
 (``bench/py_spy.py``): each phase's ``py_spy`` gives the share of samples per thread and per function.
---cpu-smoke runs the whole script at toy sizes on the CPU (its numbers mean nothing).
+--cpu-smoke runs the whole script at toy sizes on the CPU (its numbers mean nothing); --device cpu runs it on the
+CPU at the sizes given (``make bench-row-cost``: short rows on a tiny model, where the extraction path is all there
+is to measure).
 """
 
 from __future__ import annotations
