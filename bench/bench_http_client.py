@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import orjson
 
-from hsextract.extract.requests.plain_post import PlainConnection
+from hsextract.api import PlainConnection
 
 _SERVER = r"""
 import http.server, socketserver, sys

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from hsextract.extract.metrics import ExtractMetrics
     from hsextract.extract.outcome import RunSummary
     from hsextract.extract.planning.dataset import iter_raw_rows, validate_row
+    from hsextract.extract.requests.plain_post import PlainConnection
     from hsextract.extract.run import Extraction
     from hsextract.output.formats import open_format
     from hsextract.output.formats.specforge import SpecForgeFormat
@@ -41,6 +42,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Extraction": ("hsextract.extract.run", "Extraction"),
     "ExtractMetrics": ("hsextract.extract.metrics", "ExtractMetrics"),
     "RunSummary": ("hsextract.extract.outcome", "RunSummary"),
+    # the connection a row's /generate goes out on (bench_http_client times it against httpx)
+    "PlainConnection": ("hsextract.extract.requests.plain_post", "PlainConnection"),
     # the rows of a dataset and the output formats they are written in
     "Sample": ("hsextract.output.sample", "Sample"),
     "iter_raw_rows": ("hsextract.extract.planning.dataset", "iter_raw_rows"),
@@ -75,6 +78,7 @@ __all__ = [
     "HiddenStateDumper",
     "HookConfig",
     "HttpFront",
+    "PlainConnection",
     "PrepareConfig",
     "RunSummary",
     "Sample",
