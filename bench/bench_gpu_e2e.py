@@ -351,12 +351,6 @@ def server_stages(before: dict[str, float], after: dict[str, float]) -> dict[str
     }
 
 
-def process_cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds of a process, all its threads (/proc/PID/stat's utime and stime)."""
-    usage = process_usage(pid)
-    return usage["user_s"] + usage["system_s"]
-
-
 def process_usage(pid: int) -> dict[str, float]:
     """A process's user and system CPU seconds and context switches, all its threads. This process's own come from
     getrusage (its threads that ended count too); another's from /proc (its live threads' switches: the server's
@@ -378,16 +372,13 @@ def process_usage(pid: int) -> dict[str, float]:
     return usage
 
 
-def per_row(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], rows: int) -> dict[str, Any]:
-    """Each process's CPU milliseconds and context switches per row written, over one phase."""
+def per_row(used: dict[str, float], rows: int) -> dict[str, float]:
+    """One process's CPU milliseconds and context switches per row written, from what it used over a phase."""
     return {
-        side: {
-            "user_ms": (after[side]["user_s"] - usage["user_s"]) / rows * 1e3,
-            "system_ms": (after[side]["system_s"] - usage["system_s"]) / rows * 1e3,
-            "voluntary_switches": (after[side]["voluntary_switches"] - usage["voluntary_switches"]) / rows,
-            "involuntary_switches": (after[side]["involuntary_switches"] - usage["involuntary_switches"]) / rows,
-        }
-        for side, usage in before.items()
+        "user_ms": used["user_s"] / rows * 1e3,
+        "system_ms": used["system_s"] / rows * 1e3,
+        "voluntary_switches": used["voluntary_switches"] / rows,
+        "involuntary_switches": used["involuntary_switches"] / rows,
     }
 
 
@@ -415,10 +406,8 @@ def extract(
         summary = Extraction(config, metrics=metrics).run()
         seconds = time.perf_counter() - started
         usage_after = {side: process_usage(pid) for side, pid in PROFILER.pids.items()}
-    cpu = {
-        side: (usage_after[side]["user_s"] + usage_after[side]["system_s"] - usage["user_s"] - usage["system_s"]) / seconds
-        for side, usage in usage_before.items()
-    }
+    used = {side: {key: usage_after[side][key] - value for key, value in usage.items()} for side, usage in usage_before.items()}
+    cpu = {side: (u["user_s"] + u["system_s"]) / seconds for side, u in used.items()}
     after = scrape(url)
     if summary.status != "complete" or summary.total_tokens != expected_tokens:
         raise RuntimeError(f"extraction ended {summary.status} with {summary.total_tokens}/{expected_tokens} tokens written")
@@ -442,7 +431,7 @@ def extract(
         # each process's CPU seconds over the phase's: near 1.0 with mostly Python work is one GIL, saturated
         "cpu_seconds_per_second": cpu,
         # the same per row: a side's fixed cost, which caps short rows at about 1000 / (its GIL-held ms) rows/s
-        "per_row": per_row(usage_before, usage_after, max(1, summary.total_samples)),
+        "per_row": {side: per_row(u, max(1, summary.total_samples)) for side, u in used.items()},
         "server": server_stages(before, after),
         **({"py_spy": profile} if profile else {}),
     }
@@ -741,7 +730,6 @@ def finish_args(args: argparse.Namespace) -> argparse.Namespace:
     """After a script's own --cpu-smoke workload sizes: the toy model, the device and the torch dtype."""
     if args.cpu_smoke:
         args.hidden, args.intermediate, args.layers, args.heads, args.kv_heads, args.vocab = 64, 128, 8, 4, 2, 1024
-    if args.cpu_smoke:
         args.device = "cpu"
     args.torch_dtype = getattr(torch, args.dtype)
     return args

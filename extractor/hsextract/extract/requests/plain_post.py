@@ -44,7 +44,8 @@ class PlainConnection:
         tls: bool = False,
     ) -> None:
         self._address = (host, port)
-        self._tls = ssl.create_default_context() if tls else None
+        self._tls = tls
+        self._tls_context: ssl.SSLContext | None = None  # made at the first connection (loading the CAs takes a while)
         self._connect_timeout_s = connect_timeout_s
         self._read_timeout_s = read_timeout_s
         self._keepalive_expiry_s = keepalive_expiry_s
@@ -92,9 +93,11 @@ class PlainConnection:
         except OSError as exc:
             raise httpx.ConnectError(f"connecting to {self._address[0]}:{self._address[1]}: {exc}") from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self._tls is not None:
+        if self._tls:
             try:
-                sock = self._tls.wrap_socket(sock, server_hostname=self._address[0])
+                if self._tls_context is None:
+                    self._tls_context = ssl.create_default_context()
+                sock = self._tls_context.wrap_socket(sock, server_hostname=self._address[0])
             except OSError as exc:  # ssl.SSLError is one
                 sock.close()
                 raise httpx.ConnectError(f"TLS with {self._address[0]}:{self._address[1]}: {exc}") from exc
