@@ -12,6 +12,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -108,11 +109,12 @@ def run_row(tmp_path: Path) -> Iterator[Callable[..., tuple[Ledger, _Peer, float
         behave: Callable[[str, int], Behaviour],
         restart_after_answer: bool = False,
         packer: PackProcesses | None = None,
+        rows: int = 1,
         **settings: object,
     ) -> tuple[Ledger, _Peer, float]:
         """``restart_after_answer``: the peer goes away once it has answered, and another one (the same
         behaviour and call count) takes its port 0.5 s later, as a server killed and restarted. ``packer``: the
-        run's pack processes."""
+        run's pack processes. ``rows``: rows 3, 4, ... each on a thread of its own, at once."""
         dump_dir = tmp_path / "dumps"
         dump_dir.mkdir(mode=0o700, exist_ok=True)
         peer = _Peer(dump_dir, behave)
@@ -149,7 +151,11 @@ def run_row(tmp_path: Path) -> Iterator[Callable[..., tuple[Ledger, _Peer, float
         gate = ServerGate(client, ledger, metrics, timeout_s=5)
         worker = RowWorker(setup, client, ledger, metrics, Expectations(expect), OpenRequests(), gate, packer=packer)
         started = time.monotonic()
-        worker.process(Sample(row=3, input_ids=list(range(1, 11)), loss_mask=[1] * 10, original_length=10), "hash")
+        ids = list(range(1, 11))
+        samples = [Sample(row=row, input_ids=ids, loss_mask=[1] * 10, original_length=10) for row in range(3, 3 + rows)]
+        with ThreadPoolExecutor(rows) as threads:
+            for done in [threads.submit(worker.process, sample, "hash") for sample in samples]:
+                done.result()
         took = time.monotonic() - started
         worker.abandon_answers()
         return ledger, peer, took
@@ -230,3 +236,50 @@ def test_a_small_dump_is_packed_in_a_process_and_a_large_one_on_its_own_thread(
     assert set(ledger.manifest.written) == {3}
     in_process = ledger.metrics.registry.get_sample_value("hsextract_packed_in_process_total")
     assert in_process == (1 if largest >= 1360 else 0)
+
+
+class _Overlap:
+    """Wraps a function the worker calls (the real one runs) and records how many threads were in it at once."""
+
+    def __init__(self, real: Callable[..., object], hold_s: float = 0.0) -> None:
+        self.real, self.hold_s = real, hold_s
+        self.inside = self.most = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        with self._lock:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+        try:
+            time.sleep(self.hold_s)  # long enough for every row's thread to get here
+            return self.real(*args, **kwargs)
+        finally:
+            with self._lock:
+                self.inside -= 1
+
+
+@pytest.mark.parametrize("small", [True, False])
+def test_small_rows_are_packed_a_few_at_a_time_and_large_ones_at_once(
+    run_row, monkeypatch: pytest.MonkeyPatch, small: bool
+) -> None:
+    """With hundreds of rows in flight, every thread whose dump was in packed at once, each giving the interpreter lock
+    to the next at every system call: the extractor spent more CPU a row on the switching than on the work. Small
+    rows take a turn (SMALL_ROWS_ON_THREADS on threads, one per pack process); large ones, whose copies run in
+    parallel, do not."""
+    monkeypatch.setattr(row_worker, "SMALL_ROWS_ON_THREADS", 2)
+    monkeypatch.setattr(row_worker, "PACK_PROCESS_MAX_ROW_BYTES", 10_000 if small else 1000)  # a row's dump: 1360 bytes
+    packing = _Overlap(row_worker.pack_row, hold_s=0.3)
+    monkeypatch.setattr(row_worker, "pack_row", packing)
+    ledger, _, _ = run_row(lambda rid, call: (True, 0.0, 200), rows=6)
+    assert set(ledger.manifest.written) == set(range(3, 9))
+    assert packing.most == (2 if small else 6)
+
+
+def test_a_small_rows_file_is_synced_after_its_turn(run_row, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The turn covers the CPU's work only: the rows' fsyncs, which a slow disk makes long, overlap."""
+    monkeypatch.setattr(row_worker, "SMALL_ROWS_ON_THREADS", 1)
+    syncs = _Overlap(row_worker.sync_sample_file, hold_s=0.5)
+    monkeypatch.setattr(row_worker, "sync_sample_file", syncs)
+    ledger, _, _ = run_row(lambda rid, call: (True, 0.0, 200), rows=4)
+    assert set(ledger.manifest.written) == set(range(3, 7))
+    assert syncs.most >= 2

@@ -4,7 +4,8 @@ It is started as a program of its own, not forked or spawned by ``multiprocessin
 parent's main module again, and a script that runs an extraction without an ``if __name__ == "__main__"`` guard
 would start another run in every child. FD is this process's end of a socket pair. The first message is the
 output format and the output directory; then each message is a :class:`~hsextract.extract.packing.PackJob`,
-answered ``("packed", Packed)`` or ``("error", exception)``, until None or the pipe's end.
+answered ``("packed", Packed)`` (the sample file written; the row's thread syncs it) or ``("error", exception)``,
+until None or the pipe's end.
 """
 
 from __future__ import annotations
@@ -13,13 +14,11 @@ import pickle
 import signal
 import sys
 import traceback
-from contextlib import nullcontext
 from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
 
-from hsextract.durable.sync import syncs_off
 from hsextract.errors import HsextractError
 from hsextract.extract.checks.dump_checks import Expectations
 from hsextract.extract.packing import pack_row
@@ -46,9 +45,11 @@ def serve(conn: Connection) -> None:
             return  # the run's process is gone
         if job is None:
             return
-        try:
-            with nullcontext() if job.syncs else syncs_off():
-                answer: tuple[str, Any] = ("packed", pack_row(fmt, output, job.sample, job.directory, Expectations(job.expect)))
+        try:  # the row's thread syncs the file (row_worker): a slow disk's fsync holds no process
+            answer: tuple[str, Any] = (
+                "packed",
+                pack_row(fmt, output, job.sample, job.directory, Expectations(job.expect), sync=False),
+            )
         except Exception as exc:  # every error goes back to the row's thread
             answer = ("error", portable(exc))
         conn.send(answer)

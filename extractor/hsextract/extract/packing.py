@@ -31,7 +31,6 @@ class PackJob:
     sample: Sample
     directory: Path
     expect: DumpExpectation
-    syncs: bool = True  # False under syncs_off (a benchmark measuring the fsyncs), which a process does not share
 
 
 @dataclass
@@ -61,9 +60,9 @@ def take_dump(directory: Path, packed: Packed) -> Dump:
     return dump
 
 
-def write_and_sync(fmt: OutputFormat, output: Path, sample: Sample, dump: Dump, directory: Path, packed: Packed) -> None:
-    """The sample file written, its dump removed (before the sync: a dump tmpfs sized for a few dumps waits on
-    it), then the file on the disk before the ledger records it (manifest.py syncs its folder and line)."""
+def write_sample_file(fmt: OutputFormat, output: Path, sample: Sample, dump: Dump, directory: Path, packed: Packed) -> None:
+    """The sample file written, then its dump removed (before the file's sync: a dump tmpfs sized for a few dumps
+    waits on it)."""
     with packed.timed("pack"):
         try:
             packed.written = fmt.write_sample(sample, dump)
@@ -72,6 +71,10 @@ def write_and_sync(fmt: OutputFormat, output: Path, sample: Sample, dump: Dump, 
                 raise disk_full_error(output, "the output", exc) from exc
             raise
         remove_dump(directory)
+
+
+def sync_sample_file(fmt: OutputFormat, output: Path, sample: Sample, packed: Packed) -> None:
+    """The written sample file on the disk, before the ledger records it (manifest.py syncs its folder and line)."""
     with packed.timed("sync"):
         try:
             sync_file(fmt.sample_path(sample.row))
@@ -79,6 +82,11 @@ def write_and_sync(fmt: OutputFormat, output: Path, sample: Sample, dump: Dump, 
             if is_disk_full(exc):
                 raise disk_full_error(output, "the output", exc) from exc
             raise
+
+
+def write_and_sync(fmt: OutputFormat, output: Path, sample: Sample, dump: Dump, directory: Path, packed: Packed) -> None:
+    write_sample_file(fmt, output, sample, dump, directory, packed)
+    sync_sample_file(fmt, output, sample, packed)
 
 
 def read_checked(directory: Path, sample: Sample, expectations: Expectations, packed: Packed) -> Dump:
@@ -89,9 +97,14 @@ def read_checked(directory: Path, sample: Sample, expectations: Expectations, pa
     return dump
 
 
-def pack_row(fmt: OutputFormat, output: Path, sample: Sample, directory: Path, expectations: Expectations) -> Packed:
-    """Every step for a row that is not spot-checked, on whichever thread or process calls it."""
+def pack_row(
+    fmt: OutputFormat, output: Path, sample: Sample, directory: Path, expectations: Expectations, *, sync: bool = True
+) -> Packed:
+    """Every step for a row that is not spot-checked, on whichever thread or process calls it; ``sync=False``: all
+    but the file's sync (:func:`sync_sample_file`), which the caller makes."""
     packed = Packed()
     dump = read_checked(directory, sample, expectations, packed)
-    write_and_sync(fmt, output, sample, dump, directory, packed)
+    write_sample_file(fmt, output, sample, dump, directory, packed)
+    if sync:
+        sync_sample_file(fmt, output, sample, packed)
     return packed

@@ -24,7 +24,6 @@ from hsextract.contract.generate import GenerateRequest
 from hsextract.contract.rids import make_rid
 from hsextract.contract.states import DumpState, ErrorReason
 from hsextract.durable.atomic import disk_full_text
-from hsextract.durable.sync import syncs_enabled
 from hsextract.errors import (
     BadSampleError,
     DiskFullError,
@@ -41,7 +40,7 @@ from hsextract.extract.config import PACK_PROCESS_MAX_ROW_BYTES, ExtractConfig
 from hsextract.extract.ledger import Ledger
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.pack_processes import PackProcesses
-from hsextract.extract.packing import Packed, PackJob, pack_row, read_checked, write_and_sync
+from hsextract.extract.packing import Packed, PackJob, pack_row, read_checked, sync_sample_file, write_and_sync
 from hsextract.extract.requests.client import PendingAnswer, ServerClient
 from hsextract.extract.requests.open_requests import OpenRequest, OpenRequests
 from hsextract.extract.requests.server_gate import ServerGate
@@ -54,6 +53,11 @@ log = logging.getLogger(__name__)
 #: polling the dump directory while the request is open: first after this, then doubling up to the cap
 FIRST_POLL_S = 0.1
 MAX_POLL_S = 0.25
+#: small rows (PACK_PROCESS_MAX_ROW_BYTES) packed on row threads at once, beside one in each pack process. Their
+#: packing is Python under the one interpreter lock, which it lets go around every system call and torch operation:
+#: with 256 rows in flight, every row thread whose dump was in took and gave back the lock in turn, and the switches
+#: cost more than the work (``make bench-row-cost``: the extractor's CPU a row 3.3 ms, against 1.8 with 32 in flight)
+SMALL_ROWS_ON_THREADS = 2
 #: how long a row waits for the server to let go of an earlier request of its rid: SGLang notices a
 #: closed connection within about 4 s (SGLANG_REQUEST_STATE_WAIT_TIMEOUT) and then aborts it; the
 #: embedded server holds it until that forward is done
@@ -106,6 +110,8 @@ class RowWorker:
         self._lock = threading.Lock()
         # rows written before their answer came: the row and when its grace ends (time.monotonic)
         self._lingering: dict[PendingAnswer, tuple[OpenRequest, float]] = {}
+        # small rows packed at once: one in each pack process and SMALL_ROWS_ON_THREADS more (it says why)
+        self._small_rows = threading.Semaphore(SMALL_ROWS_ON_THREADS + (packer.processes if packer is not None else 0))
 
     def process(self, sample: Sample, row_hash: str) -> None:
         rid = make_rid(sample.row, len(sample.input_ids), self.config.rid_prefix)
@@ -175,15 +181,21 @@ class RowWorker:
 
     # -- packing --------------------------------------------------------------------------------------
     def _pack(self, sample: Sample, directory: Path) -> Packed:
-        """Read, check and write the row's complete dump: in an idle pack process when the run has one, knows what
-        every dump must be and the dump is small (PACK_PROCESS_MAX_ROW_BYTES), else on this thread."""
+        """Read, check and write the row's complete dump. A small one (PACK_PROCESS_MAX_ROW_BYTES), once the run knows
+        what every dump must be, waits for one of ``_small_rows``, then goes to an idle pack process, else this thread;
+        any other on this thread at once."""
+        output = self.config.output
         expect = self.expectations.known()
-        if self.packer is not None and expect is not None and _small(expect, len(sample.input_ids)):
-            packed = self.packer.pack(PackJob(sample, directory, expect, syncs=syncs_enabled()))
+        if expect is None or not _small(expect, len(sample.input_ids)):
+            return pack_row(self.fmt, output, sample, directory, self.expectations)
+        with self._small_rows:
+            packed = None if self.packer is None else self.packer.pack(PackJob(sample, directory, expect))
             if packed is not None:
                 self.metrics.packed_in_process.inc()
-                return packed
-        return pack_row(self.fmt, self.config.output, sample, directory, self.expectations)
+            else:
+                packed = pack_row(self.fmt, output, sample, directory, self.expectations, sync=False)
+        sync_sample_file(self.fmt, output, sample, packed)  # outside: a slow disk's fsyncs run in parallel
+        return packed
 
     def _pack_checked(self, sample: Sample, row_hash: str, directory: Path, attempt: int) -> Packed | None:
         """A spot-checked row, on this thread (the check compares the dump it read): None when it is not written."""
