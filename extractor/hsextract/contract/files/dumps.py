@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import torch
 from safetensors import SafetensorError, safe_open
 
@@ -108,24 +109,34 @@ class DumpMeta:
     final_slot: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "source"}
+        # the field names once per process (_OWN_FIELDS), not dataclasses.fields/asdict per dump: the server writes
+        # hundreds of dumps a second under one interpreter lock
+        own = {name: getattr(self, name) for name in _OWN_FIELDS}
         for optional in ("storage_dtype", "final_slot"):  # the model-dtype layout's meta.json stays as it was
             if own[optional] is None:
                 del own[optional]
-        return {**own, **dataclasses.asdict(self.source)}
+        source = self.source
+        return {**own, **{name: _copied(getattr(source, name)) for name in _SOURCE_FIELDS}}
 
     @classmethod
     def from_json(cls, data: Any, where: Path) -> DumpMeta:
         """Parse ``meta.json``; DumpError ``dump_malformed`` names the missing or wrong keys."""
         if not isinstance(data, dict):
             raise DumpError(ErrorReason.DUMP_MALFORMED, f"{where} is not a JSON object")
-        source_fields = {f.name for f in dataclasses.fields(DumpSource)}
-        own_fields = {f.name for f in dataclasses.fields(cls)} - {"source"}
         try:
-            source = DumpSource(**{k: v for k, v in data.items() if k in source_fields})
-            return cls(source=source, **{k: v for k, v in data.items() if k in own_fields})
+            source = DumpSource(**{k: v for k, v in data.items() if k in _SOURCE_FIELDS})
+            return cls(source=source, **{k: v for k, v in data.items() if k in _OWN_FIELDS})
         except TypeError as exc:
             raise DumpError(ErrorReason.DUMP_MALFORMED, f"{where} does not hold a dump's metadata: {exc}") from None
+
+
+_SOURCE_FIELDS = frozenset(f.name for f in dataclasses.fields(DumpSource))
+_OWN_FIELDS = tuple(f.name for f in dataclasses.fields(DumpMeta) if f.name != "source")
+
+
+def _copied(value: Any) -> Any:
+    """A source field as ``dataclasses.asdict`` gives it: its lists copied."""
+    return list(value) if isinstance(value, list) else value
 
 
 @dataclass
@@ -330,7 +341,7 @@ def _write_complete(root: Path, rid: str, tensors: dict[str, torch.Tensor], meta
         metadata = {"rid": rid, "format_version": str(DUMP_FORMAT_VERSION)}
         # Straight from the (pinned) host rows: no staging copy, the interpreter lock released while writing.
         _replace_at(dir_fd, HIDDEN_FILE, lambda fd: write_safetensors_to(fd, tensors, metadata=metadata))
-        _write_bytes_at(dir_fd, META_FILE, json.dumps(meta().to_json(), indent=1).encode())
+        _write_bytes_at(dir_fd, META_FILE, orjson.dumps(meta().to_json(), option=orjson.OPT_INDENT_2))
         _write_bytes_at(dir_fd, DONE_FILE, b"")
     finally:
         os.close(dir_fd)
