@@ -19,7 +19,9 @@ waits on the host.
 
 ``--decode dynamic,static,graphs`` runs the server once per variant of its generation KV cache (the default
 layout; ``--decode-kv static``; and with ``--decode-graphs``, the step replayed as a CUDA graph), each against
-the same ``generate``: ``by_decode`` holds each variant's figures and ratio; ``server`` is the first.
+the same ``generate``: ``by_decode`` holds each variant's figures and ratio; ``server`` is the first. Each
+variant's greedy tokens are compared with ``generate``'s and the first variant's for the same prompts
+(``greedy_vs_*``: sequences equal throughout, and the share of tokens before the first difference).
 
 CPU (``make bench-generate``): a tiny random Llama. GPU: ``--device cuda --shape 8b`` builds a
 Llama-3-8B-shaped random bf16 model (32 layers, hidden 4096, 8 KV heads, vocab 128256) once in
@@ -139,10 +141,13 @@ def run_server(args: argparse.Namespace, concurrency: int, variant: str = "dynam
         url = f"http://127.0.0.1:{server.port}/generate"
         params = SamplingParams(max_new_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)
 
+        outputs: dict[int, list[int]] = {}  # prompt index -> its greedy tokens, from the last batch
+
         def one(item: tuple[int, list[int]]) -> int:
             request = GenerationRequest(f"bench-{item[0]}", item[1], params)
             answers = GenerationAnswer.parse_list(httpx.post(url, json=request.to_json(), timeout=3600).json())
             assert answers is not None, "not a generation answer"
+            outputs[item[0] % 1000] = list(answers[0].output_ids)
             return len(answers[0].output_ids)
 
         def phases() -> dict[str, float]:
@@ -183,7 +188,9 @@ def run_server(args: argparse.Namespace, concurrency: int, variant: str = "dynam
         "seconds_per_step": spent["step_sum"] / max(spent["step_count"], 1),
         "other_s": wall - spent["prefill_sum"] - spent["step_sum"],
     }
-    return {"tokens_per_s": concurrency * args.new_tokens / wall, "wall_s": wall, "peak_bytes": peak, "where": where, **profile}
+    tokens = [outputs[i] for i in range(concurrency)]
+    return {"tokens_per_s": concurrency * args.new_tokens / wall, "wall_s": wall, "peak_bytes": peak, "where": where,
+            "output_ids": tokens, **profile}  # fmt: skip
 
 
 def run_hf(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
@@ -191,6 +198,8 @@ def run_hf(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
 
     dtype = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
     model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(args.device).eval()
+
+    outputs: list[list[int]] = []  # each prompt's greedy tokens, from the last batch
 
     def batch() -> float:
         ids = torch.tensor(_prompts(concurrency, args.prompt_len, int(model.config.vocab_size)), device=args.device)
@@ -205,6 +214,7 @@ def run_hf(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
         if args.device == "cuda":
             torch.cuda.synchronize()
         assert out.shape[1] == args.prompt_len + args.new_tokens
+        outputs[:] = out[:, args.prompt_len :].tolist()
         return time.perf_counter() - started
 
     batch()
@@ -215,7 +225,17 @@ def run_hf(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
     profile: dict[str, Any] = {}
     with profiled(args, f"hf-{concurrency}", lambda: args.new_tokens, profile):
         batch()
-    return {"tokens_per_s": concurrency * args.new_tokens / wall, "wall_s": wall, "peak_bytes": peak, **profile}
+    return {"tokens_per_s": concurrency * args.new_tokens / wall, "wall_s": wall, "peak_bytes": peak,
+            "output_ids": outputs, **profile}  # fmt: skip
+
+
+def greedy_agreement(tokens: list[list[int]], reference: list[list[int]]) -> dict[str, float]:
+    """How far two runs' greedy tokens for the same prompts agree: the sequences equal throughout, and the
+    mean share of each sequence's tokens before its first difference (one flipped near-tie changes the rest)."""
+    equal = sum(a == b for a, b in zip(tokens, reference, strict=True))
+    before = [next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a)) / max(len(a), 1)
+              for a, b in zip(tokens, reference, strict=True)]  # fmt: skip
+    return {"sequences_equal": equal / len(tokens), "tokens_before_first_difference": sum(before) / len(before)}
 
 
 def main() -> int:
@@ -264,8 +284,13 @@ def main() -> int:
             else:
                 row.setdefault("by_decode", {})[case.rsplit(":", 1)[1]] = result
         row["server"] = row["by_decode"][args.decode[0]]  # the first variant, as results before --decode
+        first = row["by_decode"][args.decode[0]]["output_ids"]
         for result in row["by_decode"].values():
             result["tokens_per_s_ratio"] = result["tokens_per_s"] / row["hf"]["tokens_per_s"]
+            result["greedy_vs_generate"] = greedy_agreement(result["output_ids"], row["hf"]["output_ids"])
+            result["greedy_vs_" + args.decode[0]] = greedy_agreement(result["output_ids"], first)
+        for result in [*row["by_decode"].values(), row["hf"]]:
+            del result["output_ids"]
         row["tokens_per_s_ratio"] = row["server"]["tokens_per_s"] / row["hf"]["tokens_per_s"]
         # generate's wall over its new tokens: its prefill spread over the steps, an upper bound of its step
         row["hf"]["seconds_per_token_step"] = row["hf"]["wall_s"] / args.new_tokens
@@ -274,8 +299,10 @@ def main() -> int:
         server, hf = row["server"]["tokens_per_s"], row["hf"]["tokens_per_s"]
         print(f"C={concurrency}: server {server:.0f} tok/s, generate {hf:.0f} tok/s (x{row['tokens_per_s_ratio']:.2f}); "
               f"peak memory x{row['peak_memory_ratio']:.2f}", flush=True)  # fmt: skip
-        for variant, result in list(row["by_decode"].items())[1:]:
-            print(f"  --decode {variant}: {result['tokens_per_s']:.0f} tok/s (x{result['tokens_per_s_ratio']:.2f})", flush=True)
+        for variant, result in row["by_decode"].items():
+            same = result["greedy_vs_generate"]["sequences_equal"]
+            print(f"  --decode {variant}: {result['tokens_per_s']:.0f} tok/s (x{result['tokens_per_s_ratio']:.2f}), "
+                  f"{same:.0%} of sequences as generate's", flush=True)  # fmt: skip
     result = {
         "benchmark": "embedded server decode vs transformers generate",
         "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),

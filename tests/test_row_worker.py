@@ -23,7 +23,7 @@ from hsextract.contract.files.dumps import DumpSource, write_dump
 from hsextract.contract.generate import GenerateAnswer, GenerateRequest, duplicate_rid_message, error_body
 from hsextract.contract.server_info import ServerInfo
 from hsextract.contract.states import ErrorReason
-from hsextract.extract import row_worker
+from hsextract.extract import packing, row_worker
 from hsextract.extract.checks.dump_checks import DumpExpectation, Expectations
 from hsextract.extract.config import ExtractConfig
 from hsextract.extract.ledger import Ledger
@@ -268,17 +268,17 @@ def test_small_rows_are_packed_a_few_at_a_time_and_large_ones_at_once(
     parallel, do not."""
     monkeypatch.setattr(row_worker, "SMALL_ROWS_ON_THREADS", 2)
     monkeypatch.setattr(row_worker, "PACK_PROCESS_MAX_ROW_BYTES", 10_000 if small else 1000)  # a row's dump: 1360 bytes
-    packing = _Overlap(row_worker.pack_row, hold_s=0.3)
-    monkeypatch.setattr(row_worker, "pack_row", packing)
+    packs = _Overlap(packing.pack_row, hold_s=0.3)
+    monkeypatch.setattr(row_worker, "pack_row", packs)
     ledger, _, _ = run_row(lambda rid, call: (True, 0.0, 200), rows=6)
     assert set(ledger.manifest.written) == set(range(3, 9))
-    assert packing.most == (2 if small else 6)
+    assert packs.most == (2 if small else 6)
 
 
 def test_a_small_rows_file_is_synced_after_its_turn(run_row, monkeypatch: pytest.MonkeyPatch) -> None:
     """The turn covers the CPU's work only: the rows' fsyncs, which a slow disk makes long, overlap."""
     monkeypatch.setattr(row_worker, "SMALL_ROWS_ON_THREADS", 1)
-    syncs = _Overlap(row_worker.sync_sample_file, hold_s=0.5)
+    syncs = _Overlap(packing.sync_sample_file, hold_s=0.5)
     monkeypatch.setattr(row_worker, "sync_sample_file", syncs)
     ledger, _, _ = run_row(lambda rid, call: (True, 0.0, 200), rows=4)
     assert set(ledger.manifest.written) == set(range(3, 7))
