@@ -300,9 +300,9 @@ def main() -> int:
         print(f"C={concurrency}: server {server:.0f} tok/s, generate {hf:.0f} tok/s (x{row['tokens_per_s_ratio']:.2f}); "
               f"peak memory x{row['peak_memory_ratio']:.2f}", flush=True)  # fmt: skip
         for variant, result in row["by_decode"].items():
-            same = result["greedy_vs_generate"]["sequences_equal"]
+            same, first_same = (result[f"greedy_vs_{of}"]["sequences_equal"] for of in ("generate", args.decode[0]))
             print(f"  --decode {variant}: {result['tokens_per_s']:.0f} tok/s (x{result['tokens_per_s_ratio']:.2f}), "
-                  f"{same:.0%} of sequences as generate's", flush=True)  # fmt: skip
+                  f"{same:.0%} of sequences as generate's, {first_same:.0%} as {args.decode[0]}'s", flush=True)  # fmt: skip
     result = {
         "benchmark": "embedded server decode vs transformers generate",
         "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
