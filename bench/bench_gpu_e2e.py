@@ -512,6 +512,8 @@ def start_server(
         command += ["--layer-ids", args.layer_ids]
     if getattr(args, "cuda_graphs", None) is not None:  # other benchmarks' arguments may not have it
         command += ["--cuda-graphs", args.cuda_graphs]
+    if getattr(args, "dump_writers", None) is not None:
+        command += ["--dump-writers", str(args.dump_writers)]
     with open(log_path, "wb") as server_log:
         server = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT)
     return server, f"http://127.0.0.1:{port}"
@@ -714,6 +716,7 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
     )
     add("--cuda-graphs", choices=["auto", "on", "off"], default=None, help="the server's --cuda-graphs (default: its own)")
     add("--pack-processes", type=int, default=None, help="the extractor's pack processes (default: the CLI's)")
+    add("--dump-writers", type=int, default=None, help="the server's dump-writer threads (default: serve's)")
     add("--hidden", type=int, default=4096)
     add("--intermediate", type=int, default=14336)
     add("--layers", type=int, default=32)
