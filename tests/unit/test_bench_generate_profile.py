@@ -1,4 +1,4 @@
-"""bench_generate --profile: the decode thread's operators are counted per step (it is not the profiling thread)."""
+"""bench_generate: --profile counts the decode thread's operators per step (it is not the profiling thread); greedy_agreement."""
 
 from __future__ import annotations
 
@@ -45,3 +45,11 @@ def test_a_running_threads_operators_are_counted_per_step_and_tabled(tmp_path: P
     with bench.profiled(argparse.Namespace(profile=None, device="cpu"), "hf-4", lambda: 4, untouched):
         torch.ones(2) * 2
     assert untouched == {}
+
+
+def test_greedy_agreement_counts_equal_sequences_and_the_tokens_before_the_first_difference() -> None:
+    reference = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]]
+    tokens = [[1, 2, 3, 4], [5, 6, 0, 8], [0, 9, 9, 9]]  # equal; differs at its third token; at its first
+    agreement = bench.greedy_agreement(tokens, reference)
+    assert agreement == {"sequences_equal": 1 / 3, "tokens_before_first_difference": (1 + 2 / 4 + 0) / 3}
+    assert bench.greedy_agreement(reference, reference) == {"sequences_equal": 1.0, "tokens_before_first_difference": 1.0}
