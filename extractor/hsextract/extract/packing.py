@@ -85,6 +85,7 @@ def sync_sample_file(fmt: OutputFormat, output: Path, sample: Sample, packed: Pa
 
 
 def write_and_sync(fmt: OutputFormat, output: Path, sample: Sample, dump: Dump, directory: Path, packed: Packed) -> None:
+    """:func:`write_sample_file`, then :func:`sync_sample_file`: a spot-checked row's file, which takes no turn."""
     write_sample_file(fmt, output, sample, dump, directory, packed)
     sync_sample_file(fmt, output, sample, packed)
 
