@@ -7,8 +7,9 @@ against one ``model.generate(do_sample=False)`` call on the same C prompts as on
 is ``C * new_tokens / wall`` (prefill included in both), after one warm-up run of each. For the server
 the fastest run's wall time is split (``where``) into its prefill forwards (requests are admitted as they
 arrive, so C requests may take several), its decode steps (``hsextract_server_decode_seconds``) and the
-rest (HTTP, admission, answering), to compare with ``generate``'s seconds per new token. Each case runs
-in its own subprocess, so its peak memory is its own: the process's peak RSS on the CPU, and
+rest (HTTP, admission, answering), to compare with ``generate``'s seconds per new token. The server's
+requests come from C threads in another process, as regeneration's do (the client's threads would
+otherwise take the server's interpreter lock). Each case runs in its own subprocess, so its peak memory is its own: the process's peak RSS on the CPU, and
 ``torch.cuda.max_memory_allocated`` on a GPU.
 
 With ``--profile DIR`` each case runs once more under ``torch.profiler`` (every thread: the server decodes on its
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import platform
 import resource
 import subprocess
@@ -40,7 +42,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -125,13 +127,30 @@ def profiled(args: argparse.Namespace, name: str, steps: Callable[[], int], into
 DECODE_VARIANTS = {"dynamic": {}, "static": {"decode_kv": "static"}, "graphs": {"decode_kv": "static", "decode_graphs": True}}
 
 
-def run_server(args: argparse.Namespace, concurrency: int, variant: str = "dynamic") -> dict[str, Any]:
+def post_all(url: str, requests: list[dict[str, Any]]) -> tuple[float, list[list[int]]]:
+    """Send every request at once, one thread each (in the client process); the wall time until the last answer
+    and each request's generated tokens, in order."""
     import httpx
 
-    from hsextract.api import DECODE_PHASES, Engine, HttpFront, ServeConfig
-    from hsextract.contract.generate import GenerationAnswer, GenerationRequest, SamplingParams
+    from hsextract.contract.generate import GenerationAnswer
 
-    with tempfile.TemporaryDirectory() as dumps:
+    def one(request: dict[str, Any]) -> list[int]:
+        answers = GenerationAnswer.parse_list(httpx.post(url, json=request, timeout=3600).json())
+        assert answers is not None, "not a generation answer"
+        return list(answers[0].output_ids)
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(len(requests)) as pool:
+        outputs = list(pool.map(one, requests))
+    return time.perf_counter() - started, outputs
+
+
+def run_server(args: argparse.Namespace, concurrency: int, variant: str = "dynamic") -> dict[str, Any]:
+    from hsextract.api import DECODE_PHASES, Engine, HttpFront, ServeConfig
+    from hsextract.contract.generate import GenerationRequest, SamplingParams
+
+    client = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    with tempfile.TemporaryDirectory() as dumps, client:
         settings = {"max_total_tokens": args.max_total_tokens, "max_running_requests": max(concurrency, 1),
                     **DECODE_VARIANTS[variant]}  # fmt: skip
         config = ServeConfig(model=args.model, dump_dir=Path(dumps), device=args.device, dtype=args.dtype, **settings)
@@ -141,14 +160,7 @@ def run_server(args: argparse.Namespace, concurrency: int, variant: str = "dynam
         url = f"http://127.0.0.1:{server.port}/generate"
         params = SamplingParams(max_new_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)
 
-        outputs: dict[int, list[int]] = {}  # prompt index -> its greedy tokens, from the last batch
-
-        def one(item: tuple[int, list[int]]) -> int:
-            request = GenerationRequest(f"bench-{item[0]}", item[1], params)
-            answers = GenerationAnswer.parse_list(httpx.post(url, json=request.to_json(), timeout=3600).json())
-            assert answers is not None, "not a generation answer"
-            outputs[item[0] % 1000] = list(answers[0].output_ids)
-            return len(answers[0].output_ids)
+        outputs: list[list[int]] = []  # each prompt's greedy tokens, from the last batch
 
         def phases() -> dict[str, float]:
             read = engine.clock.registry.get_sample_value
@@ -157,14 +169,13 @@ def run_server(args: argparse.Namespace, concurrency: int, variant: str = "dynam
 
         def batch(tag: int) -> tuple[float, dict[str, float]]:
             prompts = _prompts(concurrency, args.prompt_len, engine.vocab_size)
+            requests = [GenerationRequest(f"bench-{tag}-{i}", p, params).to_json() for i, p in enumerate(prompts)]
             before = phases()
-            started = time.perf_counter()
-            with ThreadPoolExecutor(concurrency) as pool:
-                tokens = sum(pool.map(one, [(tag * 1000 + i, p) for i, p in enumerate(prompts)]))
-            assert tokens == concurrency * args.new_tokens
-            wall = time.perf_counter() - started
+            wall, outputs[:] = client.submit(post_all, url, requests).result()
+            assert sum(map(len, outputs)) == concurrency * args.new_tokens
             return wall, {k: v - before[k] for k, v in phases().items()}
 
+        client.submit(time.sleep, 0).result()  # the client process started (and imported) before any timing
         batch(0)  # warm-up
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -188,9 +199,8 @@ def run_server(args: argparse.Namespace, concurrency: int, variant: str = "dynam
         "seconds_per_step": spent["step_sum"] / max(spent["step_count"], 1),
         "other_s": wall - spent["prefill_sum"] - spent["step_sum"],
     }
-    tokens = [outputs[i] for i in range(concurrency)]
     return {"tokens_per_s": concurrency * args.new_tokens / wall, "wall_s": wall, "peak_bytes": peak, "where": where,
-            "output_ids": tokens, **profile}  # fmt: skip
+            "output_ids": outputs, **profile}  # fmt: skip
 
 
 def run_hf(args: argparse.Namespace, concurrency: int) -> dict[str, Any]:

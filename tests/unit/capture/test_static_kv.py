@@ -88,13 +88,74 @@ def test_each_step_of_rows_joining_and_leaving_equals_each_row_alone(model: Any,
         for i, row in enumerate(rows):
             torch.testing.assert_close(states[i], whole(model, row), rtol=1e-4, atol=1e-4)
     assert kv.lengths == [len(r) for r in rows]
-    kv.keep([])
-    assert kv.capacity == (0, 0) and kv.rows == 0
+    kv.keep([])  # the last rows leave: the buffers stay for the next requests, until released
+    assert kv.capacity == (4, 2 * static_kv.COLUMN_STEP) and kv.rows == 0
+    generation = kv.generation
+    kv.release()
+    assert kv.capacity == (0, 0) and kv.generation != generation
     # a scheduler that starts over (a failed forward) makes a new one: no graph may take its buffers for the old
     first, again = StaticKV(), StaticKV()
     for fresh in (first, again):
         prefill(model, fresh, [[5, 6]], longest=4)
     assert first.generation != again.generation
+
+
+def test_rows_join_buffers_that_earlier_rows_left(model: Any) -> None:
+    """Rows that join kept buffers (and a prefill some of whose rows do not join) decode as each row alone, though
+    the buffer rows and columns they take hold an earlier row's keys."""
+    generator = torch.Generator().manual_seed(2)
+    kv = StaticKV()
+    first = [torch.randint(3, 500, (n,), generator=generator).tolist() for n in (30, 9)]
+    prefill(model, kv, first, longest=40)
+    for row in first:
+        row.append(7)
+    step(model, kv, first)
+    kv.keep([])
+    generation = kv.generation
+    rows = [torch.randint(3, 500, (n,), generator=generator).tolist() for n in (4, 12, 6)]
+    ids = torch.zeros((3, 12), dtype=torch.int64)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.inference_mode():
+        model.base_model(input_ids=ids, use_cache=True, **{cache_kwarg(model): cache})
+    kv.join(cache, [0, 2], [4, 6], longest=40)  # the middle row finished on its first token
+    rows = [rows[0], rows[2]]
+    assert kv.generation == generation  # no reallocation: a graph of the step stays valid
+    for _ in range(4):
+        for row in rows:
+            row.append(int(torch.randint(3, 500, (1,), generator=generator)))
+        states = step(model, kv, rows)
+        for i, row in enumerate(rows):
+            torch.testing.assert_close(states[i], whole(model, row), rtol=1e-4, atol=1e-4)
+
+
+def test_buffers_are_sized_for_the_planned_rows_and_grow_within_the_budget(model: Any) -> None:
+    column = static_kv.COLUMN_STEP
+    kv = StaticKV(budget=16 * column)
+    prefill_planned(model, kv, [[5, 6, 7]], longest=10, planned=5)  # five admitted, one prefilled now
+    assert kv.capacity == (8, column)
+    generation = kv.generation
+    prefill_planned(model, kv, [[8, 9]] * 4, longest=10, planned=5)  # the rest of the burst: no reallocation
+    assert (kv.capacity, kv.generation) == ((8, column), generation)
+    kv.keep([0])
+    prefill_planned(model, kv, [[3] * 20], longest=column + 1)  # longer: grown, rows kept (8 x 2 columns fit)
+    assert kv.capacity == (8, 2 * column) and kv.lengths == [3, 20]
+    kv.keep([1])
+    prefill_planned(model, kv, [[4] * 30], longest=4 * column)  # 8 x 4 would pass the budget: what is needed alone
+    assert kv.capacity == (2, 4 * column) and kv.lengths == [20, 30]
+    rows = [[3] * 20 + [11], [4] * 30 + [12]]  # the running row was copied across both reallocations
+    states = step(model, kv, rows)
+    for i, row in enumerate(rows):
+        torch.testing.assert_close(states[i], whole(model, row), rtol=1e-4, atol=1e-4)
+
+
+def prefill_planned(model: Any, kv: StaticKV, rows: list[list[int]], longest: int, planned: int = 0) -> None:
+    ids = torch.tensor(rows)
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.inference_mode():
+        model.base_model(input_ids=ids, use_cache=True, **{cache_kwarg(model): cache})
+    kv.join(cache, list(range(len(rows))), [len(r) for r in rows], longest, planned=planned)
 
 
 def test_the_budget_counts_the_buffers_as_allocated() -> None:

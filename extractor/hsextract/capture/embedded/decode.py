@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 #: requests (their first token included), and one batched decode step; each ends on reading its tokens back,
 #: so on a GPU the seconds are the device's as well as the host's
 DECODE_PHASES = ("prefill", "step")
+#: seconds with no generation request running or waiting before the static buffers (and the step's graph) are freed
+IDLE_RELEASE_S = 2.0
 
 
 @dataclass(eq=False)
@@ -131,7 +133,8 @@ class DecodeScheduler:
         self._batch = KVBatch()
         # "static": fixed buffers a step writes into (capture/embedded/static_kv.py), the layout a graph can replay
         self.static = config.decode_kv == "static"
-        self._static = StaticKV()
+        self._static = StaticKV(config.max_total_tokens)
+        self._idle_since: float | None = None  # when the last running row left, for releasing the static buffers
         # its step as a CUDA graph (capture/embedded/step_graphs.py): static layout on a GPU only
         self.graphs = StepGraphs(device) if config.decode_graphs and self.static and device.type == "cuda" else None
         self._stop = threading.Event()
@@ -211,12 +214,13 @@ class DecodeScheduler:
             self._drain(block=not (self._running or self._waiting))
             if self._stop.is_set():
                 break
-            admitted = self._admit()
+            self._release_when_idle()
+            admitted, planned = self._admit()
             try:
                 with torch.inference_mode():
                     if admitted:
                         with self.phase_seconds.labels("prefill").time():
-                            self._prefill(admitted)
+                            self._prefill(admitted, planned)
                     if self._running:
                         with self.phase_seconds.labels("step").time():
                             self._step()
@@ -225,7 +229,7 @@ class DecodeScheduler:
                 for item in [*admitted, *self._running]:
                     if not item.future.done():
                         item.future.set_exception(exc)
-                self._running, self._batch, self._static = [], KVBatch(), StaticKV()
+                self._running, self._batch, self._static = [], KVBatch(), StaticKV(self.max_total_tokens)
             self.running_gauge.set(len(self._running))
             self.waiting_gauge.set(len(self._waiting))
             rows, columns = self._static.capacity if self.static else (self._batch.rows, self._batch.columns)
@@ -239,8 +243,23 @@ class DecodeScheduler:
         longest = max((r.reserve for r in rows), default=0)
         return slots(len(rows), longest) if self.static else len(rows) * longest
 
-    def _admit(self) -> list[Decoding]:
-        """The oldest waiting requests that fit beside the running ones, in order, for one prefill forward."""
+    def _release_when_idle(self) -> None:
+        """Free the static buffers (and the step's graph) once no request has run for :data:`IDLE_RELEASE_S`: kept
+        between requests, they and the graph serve the next ones without reallocating or capturing again."""
+        if self._running or self._waiting:
+            self._idle_since = None
+            return
+        now = time.monotonic()
+        if self._idle_since is None:
+            self._idle_since = now
+        elif now - self._idle_since >= IDLE_RELEASE_S and self._static.capacity != (0, 0):
+            self._static.release()
+            if self.graphs is not None:
+                self.graphs.drop()
+
+    def _admit(self) -> tuple[list[Decoding], list[Decoding]]:
+        """The oldest waiting requests that fit beside the running ones, in order, for one prefill forward; and
+        all those that fit (the static buffers are sized for them, so a burst is allocated once)."""
         fitting: list[Decoding] = []
         for item in self._waiting:
             if len(self._running) + len(fitting) >= self.max_running_requests:
@@ -258,13 +277,13 @@ class DecodeScheduler:
             taken.append(item)
         for _ in taken:
             self._waiting.popleft()
-        return taken
+        return taken, fitting
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits: torch.Tensor = self.lm_head(hidden)
         return logits.float()  # transformers' generate reads float32 logits too
 
-    def _prefill(self, items: list[Decoding]) -> None:
+    def _prefill(self, items: list[Decoding], planned: list[Decoding]) -> None:
         import transformers
 
         lengths = [len(item.request.input_ids) for item in items]
@@ -283,9 +302,10 @@ class DecodeScheduler:
                 joining.append(row)
         if not joining:
             return
-        if self.static:
-            longest = max(r.reserve for r in [*self._running, *(items[row] for row in joining)])
-            self._static.join(cache, joining, [lengths[row] for row in joining], longest)
+        if self.static:  # sized for every admitted request, this prefill's and the next ones'
+            longest = max(r.reserve for r in [*self._running, *planned])
+            rows = len(self._running) + len(planned) - (len(items) - len(joining))
+            self._static.join(cache, joining, [lengths[row] for row in joining], longest, planned=rows)
             self._running.extend(items[row] for row in joining)
             return
         if len(joining) != len(items):

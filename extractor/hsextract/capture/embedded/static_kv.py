@@ -10,9 +10,14 @@ keeps every row to its own columns. Rows are not padded on the left, so a row's 
 column numbers.
 
 Rows join after their prefill (:meth:`StaticKV.join`: the prefill cache's rows copied into the next
-free rows) and leave when finished (:meth:`StaticKV.keep`: the rows that stay are moved to the front, in
-order). The buffers are reallocated only when the running rows need more rows or columns than they hold.
-Between those, the step's inputs have fixed shapes for a given row count.
+free rows, one indexed copy a layer) and leave when finished (:meth:`StaticKV.keep`: the rows that stay are
+moved to the front, in order). The buffers are reallocated only when the running rows need more rows or
+columns than they hold, and then for every request the scheduler has admitted (``planned``), not only this
+prefill's: a burst that the prefill budget splits into several forwards is allocated once. They are kept when rows
+leave, even the last (a graph of the step stays valid for the next requests), and grown to the larger of
+what they hold and what is needed while that stays within the budget (else to what is needed alone);
+:meth:`StaticKV.release` frees them (the scheduler does when it has been idle a while). Between
+reallocations, the step's inputs have fixed shapes for a given row count.
 
 The forward sees :class:`StepCache`, a duck-typed cache: transformers calls only its ``update`` when the
 mask is already 4D and the position ids are given (``create_causal_mask`` returns a 4D mask as it is).
@@ -56,7 +61,9 @@ class StaticKV:
     """Every layer's key and value buffer of the running rows, each row's length (tokens in the cache), and
     the step's fixed input tensors (last tokens, positions), allocated with the buffers."""
 
-    def __init__(self) -> None:
+    def __init__(self, budget: int | None = None) -> None:
+        #: token slots (rows x columns) the buffers may hold when grown beyond what the running rows need
+        self.budget = budget
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.lengths: list[int] = []  # per running row, in row order
@@ -74,30 +81,41 @@ class StaticKV:
         """(rows, columns) the buffers hold."""
         return (int(self.keys[0].shape[0]), int(self.keys[0].shape[2])) if self.keys else (0, 0)
 
-    def join(self, prefill: Any, rows: Sequence[int], lengths: Sequence[int], longest: int) -> None:
+    def join(self, prefill: Any, rows: Sequence[int], lengths: Sequence[int], longest: int, planned: int = 0) -> None:
         """Append rows ``rows`` of a right-padded prefill cache (row ``rows[j]``'s real tokens are
-        ``[:lengths[j]]``); ``longest``: the most tokens any running row will hold (prompt plus ``max_new_tokens``)."""
+        ``[:lengths[j]]``); ``longest``: the most tokens any running or planned row will hold (prompt plus
+        ``max_new_tokens``); ``planned``: the rows the buffers should hold (running, joining and admitted
+        requests still to be prefilled), when more than the running and joining ones."""
         layers = prefill.layers
-        self._fit(self.rows + len(rows), longest, layers)
-        for layer, (keys, values) in enumerate(zip(self.keys, self.values, strict=True)):
-            new_keys, new_values = layers[layer].keys, layers[layer].values
-            for j, (row, length) in enumerate(zip(rows, lengths, strict=True)):
-                keys[self.rows + j, :, :length] = new_keys[row, :, :length]
-                values[self.rows + j, :, :length] = new_values[row, :, :length]
+        start, count = self.rows, len(rows)
+        self._fit(max(planned, start + count), longest, layers)
+        # the columns past a row's length hold the prefill's padding: the mask hides them until the row's
+        # steps overwrite them, one column a step
+        columns = min(int(layers[0].keys.shape[2]), self.capacity[1])
+        every = list(rows) == list(range(int(layers[0].keys.shape[0])))
+        index = None if every else torch.tensor(list(rows), dtype=torch.int64, device=layers[0].keys.device)
+        for buffers, name in ((self.keys, "keys"), (self.values, "values")):
+            for layer, buffer in enumerate(buffers):
+                new = getattr(layers[layer], name)
+                buffer[start : start + count, :, :columns] = (new if index is None else new.index_select(0, index))[:, :, :columns]
         self.lengths.extend(lengths)
 
     def keep(self, rows: Sequence[int]) -> None:
-        """Keep only ``rows`` (in this order), moved to the front; none: the buffers are freed."""
-        if not rows:
-            self.keys, self.values, self.lengths = [], [], []
-            return
+        """Keep only ``rows`` (in this order), moved to the front; the buffers stay allocated."""
         if list(rows) == list(range(self.rows)):
             return
-        index = torch.tensor(list(rows), dtype=torch.int64, device=self.keys[0].device)
-        for buffers in (self.keys, self.values):
-            for tensor in buffers:
-                tensor[: len(rows)] = tensor.index_select(0, index)
+        if rows:
+            index = torch.tensor(list(rows), dtype=torch.int64, device=self.keys[0].device)
+            for buffers in (self.keys, self.values):
+                for tensor in buffers:
+                    tensor[: len(rows)] = tensor.index_select(0, index)
         self.lengths = [self.lengths[i] for i in rows]
+
+    def release(self) -> None:
+        """Free the buffers (no row may be running)."""
+        assert not self.lengths, "release with rows running"
+        self.keys, self.values = [], []
+        self.generation = next(_ALLOCATIONS)
 
     def load(self, last_tokens: Sequence[int]) -> None:
         """The step's inputs into the fixed tensors: each running row's last token (not yet in the cache) and
@@ -121,12 +139,16 @@ class StaticKV:
         self.lengths = [n + 1 for n in self.lengths]
 
     def _fit(self, rows: int, longest: int, layers: Sequence[Any]) -> None:
-        """Reallocate the buffers when they hold fewer than ``rows`` rows or ``longest`` columns (running rows copied)."""
+        """Reallocate the buffers when they hold fewer than ``rows`` rows or ``longest`` columns (running rows copied):
+        to the larger of each, or to what is needed alone when that would pass the budget."""
         have_rows, have_columns = self.capacity
         if rows <= have_rows and longest <= have_columns:
             return
-        want_rows, want_columns = max(have_rows, padded_rows(rows)), max(have_columns, padded_columns(longest))
-        old = self.rows
+        need_rows, need_columns = padded_rows(rows), padded_columns(longest)
+        want_rows, want_columns = max(have_rows, need_rows), max(have_columns, need_columns)
+        if self.budget is not None and want_rows * want_columns > self.budget:
+            want_rows, want_columns = need_rows, need_columns
+        old, kept = self.rows, min(have_columns, want_columns)  # running rows fit in what is needed
         grown: list[list[torch.Tensor]] = [[], []]
         for layer_index, layer in enumerate(layers):
             for kind, like in enumerate((layer.keys, layer.values)):
@@ -134,7 +156,7 @@ class StaticKV:
                 buffer = like.new_zeros(shape)
                 if old:
                     previous = (self.keys, self.values)[kind][layer_index]
-                    buffer[:old, :, :have_columns] = previous[:old]
+                    buffer[:old, :, :kept] = previous[:old, :, :kept]
                 grown[kind].append(buffer)
         self.keys, self.values = grown
         device = grown[0][0].device

@@ -57,6 +57,11 @@ class StepGraphs:
         self._graph.replay()
         return self._output
 
+    def drop(self) -> None:
+        """Forget the graph (its buffers were freed): its memory goes back to the pool."""
+        self._graph = self._output = None
+        self._generation = -1
+
     def _capture(self, kv: StaticKV, step: Callable[[int], torch.Tensor]) -> None:
         rows = kv.capacity[0]
         self._graph, self._output = self._capturer.capture(lambda: step(rows))
