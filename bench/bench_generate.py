@@ -8,8 +8,9 @@ is ``C * new_tokens / wall`` (prefill included in both), after one warm-up run o
 the fastest run's wall time is split (``where``) into its prefill forwards (requests are admitted as they
 arrive, so C requests may take several), its decode steps (``hsextract_server_decode_seconds``) and the
 rest (HTTP, admission, answering), to compare with ``generate``'s seconds per new token. The server's
-requests come from C threads in another process, as regeneration's do (the client's threads would
-otherwise take the server's interpreter lock). Each case runs in its own subprocess, so its peak memory is its own: the process's peak RSS on the CPU, and
+requests come from C threads in another process over kept-alive connections, as regeneration's do (the
+client's threads would otherwise take the server's interpreter lock). Each case runs in its own
+subprocess, so its peak memory is its own: the process's peak RSS on the CPU, and
 ``torch.cuda.max_memory_allocated`` on a GPU.
 
 With ``--profile DIR`` each case runs once more under ``torch.profiler`` (every thread: the server decodes on its
@@ -127,15 +128,25 @@ def profiled(args: argparse.Namespace, name: str, steps: Callable[[], int], into
 DECODE_VARIANTS = {"dynamic": {}, "static": {"decode_kv": "static"}, "graphs": {"decode_kv": "static", "decode_graphs": True}}
 
 
+_CLIENTS: dict[int, Any] = {}  # in the client process: one keep-alive connection pool per concurrency
+
+
 def post_all(url: str, requests: list[dict[str, Any]]) -> tuple[float, list[list[int]]]:
-    """Send every request at once, one thread each (in the client process); the wall time until the last answer
-    and each request's generated tokens, in order."""
+    """Send every request at once, one thread each (in the client process) over kept-alive connections, as
+    regeneration's client threads do (an ``httpx.Client`` takes about 20 ms of CPU to make: one a request
+    would spread the burst's arrival over a second); the wall time until the last answer and each
+    request's generated tokens, in order."""
     import httpx
 
     from hsextract.contract.generate import GenerationAnswer
 
+    count = len(requests)
+    if count not in _CLIENTS:
+        _CLIENTS[count] = httpx.Client(timeout=3600, limits=httpx.Limits(max_connections=count, max_keepalive_connections=count))
+    client = _CLIENTS[count]
+
     def one(request: dict[str, Any]) -> list[int]:
-        answers = GenerationAnswer.parse_list(httpx.post(url, json=request, timeout=3600).json())
+        answers = GenerationAnswer.parse_list(client.post(url, json=request).json())
         assert answers is not None, "not a generation answer"
         return list(answers[0].output_ids)
 
