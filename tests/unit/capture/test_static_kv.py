@@ -176,5 +176,7 @@ def test_a_failed_step_capture_turns_decode_graphs_off_and_the_step_runs_eagerly
 
 def test_decode_graphs_need_the_static_layout(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="decode_kv to static"):
-        ServeConfig(model=tmp_path, dump_dir=tmp_path, decode_graphs=True)
-    assert ServeConfig(model=tmp_path, dump_dir=tmp_path, decode_kv="static", decode_graphs=True).decode_graphs
+        ServeConfig(model=tmp_path, dump_dir=tmp_path, decode_kv="dynamic", decode_graphs=True)
+    default = ServeConfig(model=tmp_path, dump_dir=tmp_path)
+    assert (default.decode_kv, default.decode_graphs) == ("static", True)  # measured on a GPU: docs/design-notes.md
+    assert ServeConfig(model=tmp_path, dump_dir=tmp_path, decode_kv="dynamic").decode_kv == "dynamic"  # graphs unasked

@@ -45,16 +45,16 @@ class ServeConfig(StrictConfig):
         "capture/embedded/forward_graphs.py)",
     )
     decode_kv: Literal["dynamic", "static"] = Field(
-        "dynamic",
-        description="layout of the generation KV cache: dynamic (transformers' DynamicCache, rows padded on the left, "
-        "every layer grown by a column a step) or static (buffers a step writes into, each row from column 0, "
-        "reallocated only when the running rows outgrow them: the layout a CUDA graph can replay; see "
-        "capture/embedded/static_kv.py)",
+        "static",
+        description="layout of the generation KV cache: static (buffers a step writes into, each row from column 0, "
+        "reallocated only when the admitted rows outgrow them and kept between requests: the layout a CUDA graph can "
+        "replay; see capture/embedded/static_kv.py) or dynamic (transformers' DynamicCache, rows padded on the left, "
+        "every layer grown by a column a step)",
     )
     decode_graphs: bool = Field(
-        False,
-        description="with --decode-kv static on a GPU, replay the decode step as a CUDA graph, captured again whenever "
-        "the running rows outgrow the buffers (see capture/embedded/step_graphs.py)",
+        True,
+        description="on a GPU, replay the static layout's decode step as a CUDA graph, captured again only when the "
+        "buffers are reallocated (see capture/embedded/step_graphs.py); no effect on the CPU or with --decode-kv dynamic",
     )
     cudnn_attention: bool = Field(
         False,
@@ -65,7 +65,7 @@ class ServeConfig(StrictConfig):
 
     @model_validator(mode="after")
     def _graphs_need_the_static_layout(self) -> ServeConfig:
-        if self.decode_graphs and self.decode_kv != "static":
+        if self.decode_graphs and self.decode_kv != "static" and "decode_graphs" in self.model_fields_set:
             raise ValueError("decode_graphs replays the step on fixed buffers: set decode_kv to static (--decode-kv static)")
         return self
 

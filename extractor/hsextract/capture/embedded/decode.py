@@ -134,7 +134,7 @@ class DecodeScheduler:
         # "static": fixed buffers a step writes into (capture/embedded/static_kv.py), the layout a graph can replay
         self.static = config.decode_kv == "static"
         self._static = StaticKV(config.max_total_tokens)
-        self._idle_since: float | None = None  # when the last running row left, for releasing the static buffers
+        self._idle_since: float | None = None  # since when nothing ran or waited (see IDLE_RELEASE_S)
         # its step as a CUDA graph (capture/embedded/step_graphs.py): static layout on a GPU only
         self.graphs = StepGraphs(device) if config.decode_graphs and self.static and device.type == "cuda" else None
         self._stop = threading.Event()

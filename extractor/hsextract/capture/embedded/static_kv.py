@@ -97,7 +97,8 @@ class StaticKV:
         for buffers, name in ((self.keys, "keys"), (self.values, "values")):
             for layer, buffer in enumerate(buffers):
                 new = getattr(layers[layer], name)
-                buffer[start : start + count, :, :columns] = (new if index is None else new.index_select(0, index))[:, :, :columns]
+                joining = new if index is None else new.index_select(0, index)
+                buffer[start : start + count, :, :columns] = joining[:, :, :columns]
         self.lengths.extend(lengths)
 
     def keep(self, rows: Sequence[int]) -> None:
