@@ -45,7 +45,8 @@ def test_cpu_smoke_merges_two_shards_into_a_verified_output(tmp_path: Path) -> N
         for extractor in fleet["extractor"] + single["extractor"]:
             # stage seconds scraped from the finished extractor: every written sample went through each stage
             # (and the spot check of the shard's first row)
-            assert set(extractor["stage_seconds_sum"]) == {"request", "wait_dump", "read", "verify", "pack", "sync", "spot_check"}
+            stages = {"request", "wait_dump", "turn", "read", "verify", "pack", "sync", "spot_check"}
+            assert set(extractor["stage_seconds_sum"]) == stages
             assert extractor["stage_counts"]["pack"] == extractor["samples"]
             assert extractor["tokens_counted"] == extractor["tokens"]
         assert len(fleet["server"]) == 2 and all(s["dumps"] for s in fleet["server"])

@@ -273,6 +273,11 @@ def test_small_rows_are_packed_a_few_at_a_time_and_large_ones_at_once(
     ledger, _, _ = run_row(lambda rid, call: (True, 0.0, 200), rows=6)
     assert set(ledger.manifest.written) == set(range(3, 9))
     assert packs.most == (2 if small else 6)
+    # the wait for a turn is a stage of its own: where a row's time goes when the packers are the limit
+    turns = ledger.metrics.registry.get_sample_value("hsextract_stage_seconds_count", {"stage": "turn"}) or 0
+    waited = ledger.metrics.registry.get_sample_value("hsextract_stage_seconds_sum", {"stage": "turn"}) or 0
+    assert turns == (6 if small else 0)
+    assert waited >= (0.3 if small else 0)  # 6 rows, 2 turns of 0.3 s: 4 rows waited at least one
 
 
 def test_a_small_rows_file_is_synced_after_its_turn(run_row, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -188,12 +188,16 @@ class RowWorker:
         expect = self.expectations.known()
         if expect is None or not _small(expect, len(sample.input_ids)):
             return pack_row(self.fmt, output, sample, directory, self.expectations)
-        with self._small_rows:
+        with self.metrics.stage("turn"):
+            self._small_rows.acquire()
+        try:
             packed = None if self.packer is None else self.packer.pack(PackJob(sample, directory, expect))
             if packed is not None:
                 self.metrics.packed_in_process.inc()
             else:
                 packed = pack_row(self.fmt, output, sample, directory, self.expectations, sync=False)
+        finally:
+            self._small_rows.release()
         sync_sample_file(self.fmt, output, sample, packed)  # outside: a slow disk's fsyncs run in parallel
         return packed
 
