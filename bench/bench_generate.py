@@ -19,8 +19,9 @@ case's ``profile`` counts per decode step (per new token for ``generate``) the o
 host-device copies and synchronizations, and the self CPU seconds: where a step's time goes when the GPU
 waits on the host.
 
-``--decode dynamic,static,graphs`` runs the server once per variant of its generation KV cache (the default
-layout; ``--decode-kv static``; and with ``--decode-graphs``, the step replayed as a CUDA graph), each against
+``--decode dynamic,static,graphs`` runs the server once per variant of its generation KV cache (transformers'
+growing cache, ``--decode-kv dynamic``; the fixed buffers with the step run eagerly, ``--no-decode-graphs``; and
+the server's defaults, the step replayed as a CUDA graph on a GPU), each against
 the same ``generate``: ``by_decode`` holds each variant's figures and ratio; ``server`` is the first. Each
 variant's greedy tokens are compared with ``generate``'s and the first variant's for the same prompts
 (``greedy_vs_*``: sequences equal throughout, and the share of tokens before the first difference).
@@ -125,7 +126,11 @@ def profiled(args: argparse.Namespace, name: str, steps: Callable[[], int], into
 
 
 #: --decode variants: the server's generation KV layout and whether its step replays as a CUDA graph
-DECODE_VARIANTS = {"dynamic": {}, "static": {"decode_kv": "static"}, "graphs": {"decode_kv": "static", "decode_graphs": True}}
+DECODE_VARIANTS = {
+    "dynamic": {"decode_kv": "dynamic", "decode_graphs": False},
+    "static": {"decode_kv": "static", "decode_graphs": False},
+    "graphs": {"decode_kv": "static", "decode_graphs": True},  # the server's defaults (graphs on a GPU only)
+}
 
 
 _CLIENTS: dict[int, Any] = {}  # in the client process: one keep-alive connection pool per concurrency
@@ -156,7 +161,7 @@ def post_all(url: str, requests: list[dict[str, Any]]) -> tuple[float, list[list
     return time.perf_counter() - started, outputs
 
 
-def run_server(args: argparse.Namespace, concurrency: int, variant: str = "dynamic") -> dict[str, Any]:
+def run_server(args: argparse.Namespace, concurrency: int, variant: str = "graphs") -> dict[str, Any]:
     from hsextract.api import DECODE_PHASES, Engine, HttpFront, ServeConfig
     from hsextract.contract.generate import GenerationRequest, SamplingParams
 
@@ -274,9 +279,10 @@ def main() -> int:
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="one more run of each case under torch.profiler: operator tables in DIR, "
                              "per-step counts in the JSON")  # fmt: skip
-    parser.add_argument("--decode", type=lambda text: text.split(","), default=["dynamic"],
-                        help="server variants, comma-separated, each against the same generate: dynamic (the default "
-                             "KV layout), static (--decode-kv static), graphs (--decode-kv static --decode-graphs)")  # fmt: skip
+    parser.add_argument("--decode", type=lambda text: text.split(","), default=["graphs"],
+                        help="server variants, comma-separated, each against the same generate: dynamic (--decode-kv "
+                             "dynamic), static (--no-decode-graphs), graphs (the server's defaults: the static layout, "
+                             "its step as a CUDA graph on a GPU; the default here)")  # fmt: skip
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)  # "server:C" / "hf:C": one case, in a child
     parser.add_argument("--model", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

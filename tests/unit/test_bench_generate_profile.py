@@ -1,4 +1,5 @@
-"""bench_generate: --profile counts the decode thread's operators per step (it is not the profiling thread); greedy_agreement."""
+"""bench_generate: --profile counts the decode thread's operators per step (it is not the profiling thread); greedy_agreement;
+the --decode variants."""
 
 from __future__ import annotations
 
@@ -53,3 +54,17 @@ def test_greedy_agreement_counts_equal_sequences_and_the_tokens_before_the_first
     agreement = bench.greedy_agreement(tokens, reference)
     assert agreement == {"sequences_equal": 1 / 3, "tokens_before_first_difference": (1 + 2 / 4 + 0) / 3}
     assert bench.greedy_agreement(reference, reference) == {"sequences_equal": 1.0, "tokens_before_first_difference": 1.0}
+
+
+def test_each_decode_variant_configures_the_layout_it_names(tmp_path: Path) -> None:
+    """The variants name the layout whatever the server's defaults are (they changed: the static layout with graphs)."""
+    from hsextract.capture.embedded.config import ServeConfig
+
+    def layout(variant: str) -> tuple[str, bool]:
+        config = ServeConfig(model=tmp_path, dump_dir=tmp_path, **bench.DECODE_VARIANTS[variant])
+        return config.decode_kv, config.decode_graphs
+
+    assert layout("dynamic") == ("dynamic", False)
+    assert layout("static") == ("static", False)
+    default = ServeConfig(model=tmp_path, dump_dir=tmp_path)
+    assert layout("graphs") == ("static", True) == (default.decode_kv, default.decode_graphs)
