@@ -144,7 +144,9 @@ class DecodeScheduler:
         self.running_gauge = Gauge("hsextract_server_decode_running", "Requests in the decode batch", registry=r)
         self.waiting_gauge = Gauge("hsextract_server_decode_waiting", "Generation requests waiting for KV room", registry=r)
         self.kv_gauge = Gauge(
-            "hsextract_server_decode_kv_slots", "Token slots of the decode KV cache (padding included)", registry=r
+            "hsextract_server_decode_kv_slots",
+            "Token slots the decode KV cache holds (padding included; the static buffers until idle 2 s)",
+            registry=r,
         )
         self.phase_seconds = Histogram(
             "hsextract_server_decode_seconds",
