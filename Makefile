@@ -96,8 +96,9 @@ bench-row-cost: setup  ## on this machine's CPU: serve + extract of 3000 short r
 bench-generate:  ## decode tokens/s and peak memory of the embedded server vs transformers generate; writes bench/results-generate.json
 	PYTHONPATH=extractor $(BIN)/python bench/bench_generate.py --out bench/results-generate.json
 
-# The server's decode against transformers' generate on an 8B-shaped bf16 model: the default KV layout, the static one
-# and its step as a CUDA graph (issue 37), each step's launches and syncs profiled (tables in bench/work/generate-profile)
+# The server's decode against transformers' generate on an 8B-shaped bf16 model: transformers' growing KV cache, the
+# static layout run eagerly and the defaults (static, its step as a CUDA graph; issue 37), each step's launches and syncs
+# profiled (tables in bench/work/generate-profile)
 bench-gpu-generate:  ## on one GPU: decode tokens/s of the embedded server (each KV layout, graphs) vs transformers generate at 1/16/64 requests; writes bench/results-gpu-generate.json
 	PYTHONPATH=extractor $(or $(GPU_PYTHON),python3) bench/bench_generate.py --device cuda --decode dynamic,static,graphs --profile bench/work/generate-profile --out bench/results-gpu-generate.json $(BENCH_ARGS)
 
