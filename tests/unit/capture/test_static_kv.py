@@ -37,15 +37,19 @@ def whole(model: Any, ids: list[int]) -> torch.Tensor:
     return state
 
 
-def prefill(model: Any, kv: StaticKV, rows: list[list[int]], longest: int) -> None:
-    """As the decode scheduler prefills: one right-padded forward on a DynamicCache, its rows joined."""
+def prefill(
+    model: Any, kv: StaticKV, rows: list[list[int]], longest: int, planned: int = 0, joining: list[int] | None = None
+) -> None:
+    """As the decode scheduler prefills: one right-padded forward on a DynamicCache, its rows joined (``joining``:
+    only those, as when the others finished on their first token)."""
     ids = torch.zeros((len(rows), max(map(len, rows))), dtype=torch.int64)
     for i, row in enumerate(rows):
         ids[i, : len(row)] = torch.tensor(row)
     cache = transformers.DynamicCache(config=model.config)
     with torch.inference_mode():
         model.base_model(input_ids=ids, use_cache=True, **{cache_kwarg(model): cache})
-    kv.join(cache, list(range(len(rows))), [len(r) for r in rows], longest)
+    joining = list(range(len(rows))) if joining is None else joining
+    kv.join(cache, joining, [len(rows[i]) for i in joining], longest, planned=planned)
 
 
 def step(model: Any, kv: StaticKV, rows: list[list[int]], padded: bool = False) -> torch.Tensor:
@@ -113,13 +117,7 @@ def test_rows_join_buffers_that_earlier_rows_left(model: Any) -> None:
     kv.keep([])
     generation = kv.generation
     rows = [torch.randint(3, 500, (n,), generator=generator).tolist() for n in (4, 12, 6)]
-    ids = torch.zeros((3, 12), dtype=torch.int64)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
-    cache = transformers.DynamicCache(config=model.config)
-    with torch.inference_mode():
-        model.base_model(input_ids=ids, use_cache=True, **{cache_kwarg(model): cache})
-    kv.join(cache, [0, 2], [4, 6], longest=40)  # the middle row finished on its first token
+    prefill(model, kv, rows, longest=40, joining=[0, 2])  # the middle row finished on its first token
     rows = [rows[0], rows[2]]
     assert kv.generation == generation  # no reallocation: a graph of the step stays valid
     for _ in range(4):
@@ -133,29 +131,21 @@ def test_rows_join_buffers_that_earlier_rows_left(model: Any) -> None:
 def test_buffers_are_sized_for_the_planned_rows_and_grow_within_the_budget(model: Any) -> None:
     column = static_kv.COLUMN_STEP
     kv = StaticKV(budget=16 * column)
-    prefill_planned(model, kv, [[5, 6, 7]], longest=10, planned=5)  # five admitted, one prefilled now
+    prefill(model, kv, [[5, 6, 7]], longest=10, planned=5)  # five admitted, one prefilled now
     assert kv.capacity == (8, column)
     generation = kv.generation
-    prefill_planned(model, kv, [[8, 9]] * 4, longest=10, planned=5)  # the rest of the burst: no reallocation
+    prefill(model, kv, [[8, 9]] * 4, longest=10, planned=5)  # the rest of the burst: no reallocation
     assert (kv.capacity, kv.generation) == ((8, column), generation)
     kv.keep([0])
-    prefill_planned(model, kv, [[3] * 20], longest=column + 1)  # longer: grown, rows kept (8 x 2 columns fit)
+    prefill(model, kv, [[3] * 20], longest=column + 1)  # longer: grown, rows kept (8 x 2 columns fit)
     assert kv.capacity == (8, 2 * column) and kv.lengths == [3, 20]
     kv.keep([1])
-    prefill_planned(model, kv, [[4] * 30], longest=4 * column)  # 8 x 4 would pass the budget: what is needed alone
+    prefill(model, kv, [[4] * 30], longest=4 * column)  # 8 x 4 would pass the budget: what is needed alone
     assert kv.capacity == (2, 4 * column) and kv.lengths == [20, 30]
     rows = [[3] * 20 + [11], [4] * 30 + [12]]  # the running row was copied across both reallocations
     states = step(model, kv, rows)
     for i, row in enumerate(rows):
         torch.testing.assert_close(states[i], whole(model, row), rtol=1e-4, atol=1e-4)
-
-
-def prefill_planned(model: Any, kv: StaticKV, rows: list[list[int]], longest: int, planned: int = 0) -> None:
-    ids = torch.tensor(rows)
-    cache = transformers.DynamicCache(config=model.config)
-    with torch.inference_mode():
-        model.base_model(input_ids=ids, use_cache=True, **{cache_kwarg(model): cache})
-    kv.join(cache, list(range(len(rows))), [len(r) for r in rows], longest, planned=planned)
 
 
 def test_the_budget_counts_the_buffers_as_allocated() -> None:
