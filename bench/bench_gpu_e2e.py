@@ -395,6 +395,7 @@ def extract(
             "max_seq_len": args.max_seq_len,
             "concurrency": args.concurrency,
             "pack_processes": args.pack_processes,
+            **({"rows_per_request": args.rows_per_request} if args.rows_per_request is not None else {}),
             "log_interval_s": 15.0,
         }
     )
@@ -428,6 +429,8 @@ def extract(
         "extractor_concurrency": args.concurrency,
         "pack_processes": config.pack_processes_for(summary.total_samples),
         "packed_in_process": metrics.registry.get_sample_value("hsextract_packed_in_process_total"),
+        "rows_per_request": config.rows_per_request,
+        "posts": metrics.registry.get_sample_value("hsextract_rows_per_request_count"),
         # each process's CPU seconds over the phase's: near 1.0 with mostly Python work is one GIL, saturated
         "cpu_seconds_per_second": cpu,
         # the same per row: a side's fixed cost, which caps short rows at about 1000 / (its GIL-held ms) rows/s
@@ -717,6 +720,7 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
     add("--cuda-graphs", choices=["auto", "on", "off"], default=None, help="the server's --cuda-graphs (default: its own)")
     add("--pack-processes", type=int, default=None, help="the extractor's pack processes (default: the CLI's)")
     add("--dump-writers", type=int, default=None, help="the server's dump-writer threads (default: serve's)")
+    add("--rows-per-request", type=int, default=None, help="the extractor's rows in one /generate at most (default: the CLI's)")
     add("--hidden", type=int, default=4096)
     add("--intermediate", type=int, default=14336)
     add("--layers", type=int, default=32)

@@ -175,6 +175,34 @@ def test_a_rid_is_refused_like_sglang_while_the_engine_holds_an_earlier_request_
     assert httpx.post(f.url + "/generate", json=generate_body("dup", [1, 2])).status_code == 200
 
 
+def test_a_batch_of_prompts_is_answered_in_order_once_its_last_is_done(front: Any) -> None:
+    """SGLang's batched form (lists of input_ids and rids): one answer a prompt, in order, once every prompt's
+    dump is written; a rid of it the engine still holds refuses the whole body and holds none of the others."""
+    f = front()
+    f.engine.hold = True
+    body = GenerateRequest.batch_json([GenerateRequest("b0", [1, 2]), GenerateRequest("b1", [3]), GenerateRequest("b2", [4, 5])])
+    answered: list[httpx.Response] = []
+    posting = threading.Thread(target=lambda: answered.append(httpx.post(f.url + "/generate", json=body, timeout=10)))
+    posting.start()
+    deadline = time.monotonic() + 10
+    while len(f.engine.held) < 3:
+        assert time.monotonic() < deadline, "the batch never reached the engine"
+        time.sleep(0.02)
+    f.engine.release("b2")
+    f.engine.release("b0")
+    time.sleep(0.2)
+    assert not answered, "answered before its last prompt was done"
+    again = GenerateRequest.batch_json([GenerateRequest("new", [1]), GenerateRequest("b1", [1])])
+    refused = httpx.post(f.url + "/generate", json=again)
+    assert refused.status_code == 400 and refused.json() == error_body(400, duplicate_rid_message("b1"))
+    f.engine.release("b1")
+    posting.join(10)
+    answers = answered[0].json()
+    assert [(a["meta_info"]["id"], a["meta_info"]["prompt_tokens"]) for a in answers] == [("b0", 2), ("b1", 1), ("b2", 2)]
+    f.engine.hold = False
+    assert httpx.post(f.url + "/generate", json=again).status_code == 200  # "new" was let go with the refusal
+
+
 def test_keep_alive_serves_many_requests_on_one_connection(front: Any) -> None:
     f = front()
     conn = http.client.HTTPConnection("127.0.0.1", f.port, timeout=10)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,10 +23,13 @@ import httpx
 import pytest
 import yaml
 
+from hsextract.contract.files.dumps import dump_state
 from hsextract.contract.generate import GenerateRequest
 from hsextract.contract.model_config import read_model_config
+from hsextract.contract.rids import make_rid
 from hsextract.contract.server_info import ServerInfo
-from hsextract.errors import RidInUseError
+from hsextract.contract.states import DumpState
+from hsextract.errors import BadSampleError, RidInUseError
 from hsextract.extract.requests.client import ServerClient
 
 from .helpers import (
@@ -205,6 +209,41 @@ def test_a_rid_the_live_server_still_holds_is_refused_and_read_as_rid_in_use(ser
         assert third.wait(60) and third.result().prompt_tokens == 5
     finally:
         client.close()
+
+
+def test_rows_in_one_post_are_answered_and_dumped_row_by_row_and_a_refused_prompt_fails_only_its_row(
+    server: LiveServer,
+) -> None:
+    """prefill_batches against SGLang itself: rows that wait for the one slot go in one POST (SGLang's batched
+    form: lists of input_ids and rids), each gets its own answer and its own dump. A prompt SGLang refuses (past
+    the context) is answered with a 400 for the whole POST: its rows are sent again alone, and only it is refused."""
+    client = ServerClient(server.url, rows_per_request=4, prefill_posts=1)
+    posts: list[int] = []
+    client.observe_rows_per_post = posts.append
+    # rids as the extractor makes them (the hook dumps only those): the first, one past the context, two short
+    first, long, a, b = (make_rid(900_000 + i, n) for i, n in enumerate((300, 40000, 20, 35)))
+    lengths = {first: 300, long: 40000, a: 20, b: 35}
+    rids = list(lengths)
+    try:
+        prompts = {rid: [(i * 31) % VOCAB for i in range(n)] for rid, n in lengths.items()}
+        pending = {rid: client.send_prefill(GenerateRequest(rid, ids)) for rid, ids in prompts.items()}
+        for rid in rids:
+            assert pending[rid].wait(300), rid
+        with pytest.raises(BadSampleError, match=f"server refused {long} with HTTP 400.*context length"):
+            pending[long].result()
+        for rid in (first, a, b):
+            answer = pending[rid].result()
+            assert (answer.rid, answer.prompt_tokens) == (rid, lengths[rid])
+            deadline = time.monotonic() + 30  # the hook writes after answering
+            while dump_state(server.dump_dir / rid) is not DumpState.DONE:
+                assert time.monotonic() < deadline, f"no complete dump of {rid}"
+                time.sleep(0.05)
+        # the first alone (its slot), the other three together (refused), then each of them alone
+        assert sorted(posts) == [1, 1, 1, 1, 3], posts
+    finally:
+        client.close()
+        for rid in rids:
+            shutil.rmtree(server.dump_dir / rid, ignore_errors=True)
 
 
 def test_sigkill_of_the_server_mid_run_then_restart_and_resume_gives_the_clean_output(server: LiveServer, tmp_path: Path) -> None:

@@ -37,7 +37,12 @@ HEALTH_RID_PREFIX = "HEALTH_CHECK_"
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    """A prefill-only ``/generate`` request: one prompt of token ids, no decoding."""
+    """A prefill-only ``/generate`` request: one prompt of token ids, no decoding.
+
+    Several go in one body as SGLang's batch (:meth:`batch_json`: ``input_ids`` and ``rid`` lists, one
+    ``sampling_params``), answered by a list in the same order; their hsextract keys are the body's, so a
+    batch holds requests that agree on them (:meth:`batch_key`).
+    """
 
     rid: str
     input_ids: list[int]
@@ -45,7 +50,22 @@ class GenerateRequest:
     storage: str | None = None  # "float8_e4m3fn": dump as FP8 (contract.fp8); None: the model's dtype
 
     def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"input_ids": self.input_ids, "rid": self.rid, "sampling_params": {"max_new_tokens": 0}}
+        return self._with_keys({"input_ids": self.input_ids, "rid": self.rid, "sampling_params": {"max_new_tokens": 0}})
+
+    def batch_key(self) -> tuple[bool, str | None]:
+        """What the requests of one batch must share: the body-wide hsextract keys."""
+        return self.final_prenorm, self.storage
+
+    @staticmethod
+    def batch_json(requests: list[GenerateRequest]) -> dict[str, Any]:
+        """One body for several prompts (SGLang's batched form), answered by a list in the same order."""
+        first = requests[0]
+        if any(r.batch_key() != first.batch_key() for r in requests):
+            raise ValueError("the requests of one batch must agree on final_prenorm and storage")
+        body = {"input_ids": [r.input_ids for r in requests], "rid": [r.rid for r in requests]}
+        return first._with_keys({**body, "sampling_params": {"max_new_tokens": 0}})
+
+    def _with_keys(self, body: dict[str, Any]) -> dict[str, Any]:
         if self.final_prenorm:
             body[FINAL_PRENORM_KEY] = True
         if self.storage is not None:
@@ -54,27 +74,40 @@ class GenerateRequest:
 
     @classmethod
     def parse(cls, body: Any, vocab_size: int) -> GenerateRequest:
-        """The request a server accepts, or :class:`BadRequestError` naming what is wrong (HTTP 400)."""
+        """The one-prompt request a server accepts, or :class:`BadRequestError` naming what is wrong (HTTP 400)."""
+        requests, batched = cls.parse_batch(body, vocab_size)
+        if batched:
+            raise BadRequestError("non_integer_ids", "input_ids must hold integers only (one prompt per request)")
+        return requests[0]
+
+    @classmethod
+    def parse_batch(cls, body: Any, vocab_size: int) -> tuple[list[GenerateRequest], bool]:
+        """The requests of a body (one prompt, or SGLang's batch of them) and whether it was batched (then the
+        answer is a list); :class:`BadRequestError` naming what is wrong (HTTP 400)."""
         if not isinstance(body, dict):
             raise BadRequestError("not_an_object", "request body must be a JSON object")
         ids = body.get("input_ids")
-        if not isinstance(ids, list) or not ids:
-            raise BadRequestError("no_input_ids", "input_ids must be a non-empty list of token ids (this server takes no text)")
-        if any(type(i) is not int for i in ids):
-            raise BadRequestError("non_integer_ids", "input_ids must hold integers only (one prompt per request)")
-        if min(ids) < 0 or max(ids) >= vocab_size:
-            raise BadRequestError("out_of_vocab", f"input_ids must lie in [0, {vocab_size}): got {min(ids)}..{max(ids)}")
+        batched = isinstance(ids, list) and bool(ids) and all(isinstance(p, list) for p in ids)
+        prompts: list[Any] = ids if batched else [ids]  # type: ignore[assignment]
+        for prompt in prompts:
+            if not isinstance(prompt, list) or not prompt:
+                raise BadRequestError(
+                    "no_input_ids",
+                    "input_ids must be a non-empty list of token ids, or a list of them (this server takes no text)",
+                )
+            if any(type(i) is not int for i in prompt):
+                raise BadRequestError("non_integer_ids", "input_ids must hold integers only (one prompt, or a list of prompts)")
+            if min(prompt) < 0 or max(prompt) >= vocab_size:
+                raise BadRequestError(
+                    "out_of_vocab", f"input_ids must lie in [0, {vocab_size}): got {min(prompt)}..{max(prompt)}"
+                )
         params = body.get("sampling_params") or {}
         if not isinstance(params, dict) or params.get("max_new_tokens", 0) != 0:
             raise BadRequestError(
                 "decode_requested",
                 "sampling_params.max_new_tokens must be 0 (extraction) or a positive integer (generation, GenerationRequest)",
             )
-        rid = body.get("rid")
-        if rid is None:
-            rid = uuid.uuid4().hex
-        if not isinstance(rid, str):
-            raise BadRequestError("bad_rid", "rid must be a string")
+        rids = _batch_rids(body.get("rid"), len(prompts), batched)
         final_prenorm = body.get(FINAL_PRENORM_KEY, False)
         if not isinstance(final_prenorm, bool):
             raise BadRequestError("bad_final_prenorm", f"{FINAL_PRENORM_KEY} must be true or false")
@@ -84,7 +117,24 @@ class GenerateRequest:
                 "bad_storage",
                 f"{STORAGE_KEY} {storage!r} is not a storage this server writes: leave it out or send {STORAGES[0]!r}",
             )
-        return cls(rid, ids, final_prenorm, storage)
+        return [cls(rid, prompt, final_prenorm, storage) for rid, prompt in zip(rids, prompts, strict=True)], batched
+
+
+def _batch_rids(rid: Any, count: int, batched: bool) -> list[str]:
+    """SGLang's rids of a body: a string (a batch's prefix, ``<rid>_<i>``), a list for a batch, or absent."""
+    if rid is None:
+        rids = [uuid.uuid4().hex for _ in range(count)]
+    elif isinstance(rid, str):
+        rids = [f"{rid}_{i}" for i in range(count)] if batched else [rid]
+    elif isinstance(rid, list) and batched and all(isinstance(r, str) for r in rid):
+        if len(rid) != count:
+            raise BadRequestError("bad_rid", f"{len(rid)} rids for {count} prompts")
+        rids = rid
+    else:
+        raise BadRequestError("bad_rid", "rid must be a string (or, for a batch, a list of strings)")
+    if len(set(rids)) != len(rids):
+        raise BadRequestError("bad_rid", "the rids of a batch must be distinct")
+    return rids
 
 
 @dataclass(frozen=True)
@@ -314,19 +364,7 @@ class GenerationRequest:
             sampling = [SamplingParams.parse(p, vocab_size) for p in params]
         else:
             sampling = [SamplingParams.parse(params, vocab_size)] * count
-        rid = body.get("rid")
-        if rid is None:
-            rids = [uuid.uuid4().hex for _ in range(count)]
-        elif isinstance(rid, str):
-            rids = [f"{rid}_{i}" for i in range(count)] if batched else [rid]
-        elif isinstance(rid, list) and batched and all(isinstance(r, str) for r in rid):
-            if len(rid) != count:
-                raise BadRequestError("bad_rid", f"{len(rid)} rids for {count} prompts")
-            rids = rid
-        else:
-            raise BadRequestError("bad_rid", "rid must be a string (or, for a batch, a list of strings)")
-        if len(set(rids)) != len(rids):
-            raise BadRequestError("bad_rid", "the rids of a batch must be distinct")
+        rids = _batch_rids(body.get("rid"), count, batched)
         for key in (FINAL_PRENORM_KEY, STORAGE_KEY):
             if body.get(key):
                 raise BadRequestError("bad_request", f"{key} applies to extraction (max_new_tokens 0) only")

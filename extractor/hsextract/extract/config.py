@@ -26,6 +26,8 @@ PACK_PROCESSES_FROM_ROWS = 512
 #: copies and checks, which the threads already run in parallel (they let go of the lock) and a process runs on one
 #: torch thread. The large rows' own pair is not measured yet (bench/results-gpu-e2e-graphs.json, call 4)
 PACK_PROCESS_MAX_ROW_BYTES = 8 << 20
+#: rows_per_request's default (bench/results-row-cost.json, "rows_per_request")
+ROWS_PER_REQUEST = 16
 
 if TYPE_CHECKING:
     FormatName = str
@@ -85,7 +87,18 @@ class ExtractConfig(StrictConfig):
         "prompts included, and counted)",
     )
     concurrency: int = Field(
-        256, gt=0, le=1024, description="requests in flight at once (the server batches among those waiting)"
+        256,
+        gt=0,
+        le=1024,
+        description="rows in flight at once, each with its request open (the server batches among those waiting)",
+    )
+    rows_per_request: int = Field(
+        ROWS_PER_REQUEST,
+        ge=1,
+        le=256,
+        description="rows one /generate carries at most (SGLang's batched form): rows sent while every request slot is "
+        "out (a quarter of --concurrency in full requests) go together, so short rows cost both sides less; a lone "
+        "row goes at once (1: a request a row)",
     )
     pack_processes: int | None = Field(
         None,
@@ -211,6 +224,15 @@ class ExtractConfig(StrictConfig):
     @property
     def fp8(self) -> bool:
         return self.storage != "auto"
+
+    def prefill_posts(self) -> int:
+        """Prefill POSTs out at once. With one row a request, every row's goes at once (as many as rows in flight);
+        with more, a quarter of the rows in flight in full POSTs, at least 2: rows that would open one more join
+        a POST waiting for the next free slot, so under load each carries several (``make bench-row-cost``: 4 slots
+        at 256 rows in flight filled POSTs to 10 rows, 16 slots to 2.6)."""
+        if self.rows_per_request == 1:
+            return self.concurrency
+        return max(2, -(-self.concurrency // (4 * self.rows_per_request)))
 
     def pack_processes_for(self, rows_to_do: int) -> int:
         """The pack processes of a run with ``rows_to_do`` rows: as set, else a quarter of the CPUs this process may

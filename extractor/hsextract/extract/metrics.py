@@ -52,6 +52,12 @@ class ExtractMetrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
             registry=r,
         )
+        self.rows_per_request = Histogram(
+            "hsextract_rows_per_request",
+            "Rows each answered /generate carried (rows_per_request at most: the rows waiting to be sent go together)",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=r,
+        )
         self.packed_in_process = Counter(
             "hsextract_packed_in_process",
             "Samples read, checked and written in a pack process (pack_processes); the rest on their request threads",

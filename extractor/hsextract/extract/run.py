@@ -84,7 +84,13 @@ class Extraction:
     ) -> None:
         self.config = config
         self.metrics = metrics or ExtractMetrics()
-        self.client = client or ServerClient(config.server, config.request_timeout_s)
+        self.client = client or ServerClient(
+            config.server,
+            config.request_timeout_s,
+            rows_per_request=config.rows_per_request,
+            prefill_posts=config.prefill_posts(),
+        )
+        self.client.observe_rows_per_post = self.metrics.rows_per_request.observe
         self.stop = stop_event or threading.Event()
         self._lock = threading.Lock()
         self._inflight = 0

@@ -28,6 +28,29 @@ def test_fp8_storage_round_trips_and_is_absent_by_default() -> None:
     assert GenerateRequest.parse({"input_ids": [1], STORAGE_KEY: None}, vocab_size=10).storage is None
 
 
+def test_a_batch_round_trips_and_shares_its_hsextract_keys() -> None:
+    sent = [GenerateRequest("a", [1, 2], storage=FP8_STORAGE), GenerateRequest("b", [3], storage=FP8_STORAGE)]
+    body = GenerateRequest.batch_json(sent)
+    assert body["input_ids"] == [[1, 2], [3]] and body["rid"] == ["a", "b"] and body[STORAGE_KEY] == FP8_STORAGE
+    assert GenerateRequest.parse_batch(body, vocab_size=10) == (sent, True)
+    assert GenerateRequest.parse_batch(sent[0].to_json(), vocab_size=10) == ([sent[0]], False)
+    with pytest.raises(ValueError, match="must agree"):
+        GenerateRequest.batch_json([GenerateRequest("a", [1]), GenerateRequest("b", [1], final_prenorm=True)])
+    with pytest.raises(BadRequestError) as caught:
+        GenerateRequest.parse(body, vocab_size=10)  # where one prompt is expected (the spot check)
+    assert caught.value.reason == "non_integer_ids"
+    wrong_bodies = [
+        ({**body, "rid": ["a"]}, "bad_rid"),
+        ({**body, "rid": ["a", "a"]}, "bad_rid"),
+        ({**body, "input_ids": [[1], [10]]}, "out_of_vocab"),
+        ({**body, "input_ids": [[1], []]}, "no_input_ids"),
+    ]
+    for wrong, reason in wrong_bodies:
+        with pytest.raises(BadRequestError) as caught:
+            GenerateRequest.parse_batch(wrong, vocab_size=10)
+        assert caught.value.reason == reason
+
+
 @pytest.mark.parametrize(
     ("body", "reason"),
     [

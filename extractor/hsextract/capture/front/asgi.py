@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -33,7 +34,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from concurrent.futures import Future
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -162,27 +163,40 @@ class _Routes:
                 return await answer_spot_check(self.engine, body, self.drain, GENERATE_TIMEOUT_S, accept)
             if wants_decoding(body):  # max_new_tokens > 0: the decode scheduler (generate_route.py)
                 return await answer_generation(self.engine, body, self.drain, self._hold, self._let_go, GENERATE_TIMEOUT_S)
-            parsed = GenerateRequest.parse(body, self.engine.vocab_size)
+            parsed, batched = GenerateRequest.parse_batch(body, self.engine.vocab_size)
         except (ValueError, BadRequestError) as exc:  # ValueError: not JSON, not UTF-8
             return _error(400, str(exc))
-        if not self._hold(parsed.rid):
-            return _error(400, duplicate_rid_message(parsed.rid))
-        future = self.engine.submit(parsed.rid, parsed.input_ids, final_prenorm=parsed.final_prenorm, storage=parsed.storage)
-        future.add_done_callback(lambda _: self._let_go(parsed.rid))
+        for held, prompt in enumerate(parsed):
+            if not self._hold(prompt.rid):
+                for earlier in parsed[:held]:
+                    self._let_go(earlier.rid)
+                return _error(400, duplicate_rid_message(prompt.rid))
+        futures = []
+        for prompt in parsed:
+            future = self.engine.submit(prompt.rid, prompt.input_ids, prompt.final_prenorm, prompt.storage)
+            future.add_done_callback(functools.partial(self._let_go_of, prompt.rid))
+            futures.append(future)
         try:
-            return JSONResponse(await self.drain.wait(future, GENERATE_TIMEOUT_S))
+            await self.drain.wait(_all_done(futures), GENERATE_TIMEOUT_S)
         except ShuttingDown:
+            rids = ", ".join(r.rid for r, f in zip(parsed, futures, strict=True) if not f.done())
             return _error(
                 503,
-                f"server shutting down: request {parsed.rid} was not finished within the {self.drain.grace_s:g} s "
+                f"server shutting down: request {rids} was not finished within the {self.drain.grace_s:g} s "
                 "grace period; send it again to a running server",
             )
         except TimeoutError:
-            return _error(503, f"request {parsed.rid} timed out in the embedded server")
-        except DumpError as exc:
-            return _error(500, f"the forward of {parsed.rid} ran, its dump failed: {exc}")
-        except Exception as exc:
-            return _error(500, f"forward failed for {parsed.rid}: {type(exc).__name__}: {exc}")
+            rids = ", ".join(r.rid for r, f in zip(parsed, futures, strict=True) if not f.done())
+            return _error(503, f"request {rids} timed out in the embedded server")
+        answers = []
+        for prompt, future in zip(parsed, futures, strict=True):
+            try:
+                answers.append(future.result())
+            except DumpError as exc:
+                return _error(500, f"the forward of {prompt.rid} ran, its dump failed: {exc}")
+            except Exception as exc:
+                return _error(500, f"forward failed for {prompt.rid}: {type(exc).__name__}: {exc}")
+        return JSONResponse(answers if batched else answers[0])
 
     def _hold(self, rid: str) -> bool:
         """Take ``rid`` for a new request; False while an earlier request of it is unfinished."""
@@ -195,6 +209,9 @@ class _Routes:
     def _let_go(self, rid: str) -> None:
         with self._rids_lock:
             self._rids.discard(rid)
+
+    def _let_go_of(self, rid: str, _: Future[Any]) -> None:
+        self._let_go(rid)
 
     async def _body(self, request: Request) -> bytes:
         declared = request.headers.get("content-length")
@@ -230,11 +247,30 @@ class _Routes:
         return Response(generate_latest(self.engine.clock.registry), media_type=CONTENT_TYPE_LATEST)
 
 
+def _all_done(futures: list[Future[T]]) -> Future[None]:
+    """A future resolved (never failed) once every one of ``futures`` is: one wake-up of the serving loop for a
+    batch; each answer or failure is then read from its own future."""
+    done: Future[None] = Future()
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def one_done(_: Future[T]) -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            done.set_result(None)
+
+    for future in futures:
+        future.add_done_callback(one_done)
+    return done
+
+
 class _TooLarge(Exception):
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(
             f"request body of {size} bytes is larger than the server's limit of {limit} bytes; "
-            "send one prompt of token ids per request"
+            "send fewer or shorter prompts per request"
         )
 
 

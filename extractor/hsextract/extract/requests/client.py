@@ -50,6 +50,7 @@ from hsextract.contract.spot_check import STATES_MEDIA_TYPE, SpotCheckAnswer, Sp
 from hsextract.contract.states import ErrorReason
 from hsextract.errors import (
     BadSampleError,
+    HsextractError,
     RidInUseError,
     ServerError,
     ServerUnreachableError,
@@ -59,12 +60,17 @@ from hsextract.errors import (
 )
 from hsextract.extract.requests.http_threads import KEEPALIVE_EXPIRY_S, RequestsCancelled, ThreadedHTTP
 from hsextract.extract.requests.plain_post import PlainConnection
+from hsextract.extract.requests.prefill_batches import ALONE, Outcome, PrefillBatches
 
 log = logging.getLogger(__name__)
 
 #: request threads (and connections) at most: ExtractConfig.concurrency is at most 1024, and rows
 #: written before their answer came keep theirs for answer_grace_s more
 MAX_REQUEST_THREADS = 2048
+#: prompt tokens of one prefill POST at most (rows_per_request says how many rows): bounds its body (about
+#: 0.5 MB) and how long its answer waits for its last row; long rows, whose POST costs little beside their
+#: forward, go a few at a time
+DEFAULT_TOKENS_PER_REQUEST = 65536
 _RETRIED = (408, 429)
 _JSON_BODY = {"Content-Type": "application/json"}
 #: the spot check's answer: binary where the server offers it (a JSON one costs both sides' GIL for 0.2 s)
@@ -124,10 +130,23 @@ class PendingAnswer:
 
 
 class ServerClient:
-    def __init__(self, base_url: str, request_timeout_s: float = 600.0, keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        request_timeout_s: float = 600.0,
+        keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S,
+        rows_per_request: int = 1,
+        tokens_per_request: int = DEFAULT_TOKENS_PER_REQUEST,
+        prefill_posts: int = MAX_REQUEST_THREADS,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         timeout = httpx.Timeout(request_timeout_s, connect=10.0)
         self._http = ThreadedHTTP(self.base_url, timeout, MAX_REQUEST_THREADS, keepalive_expiry_s)
+        self._prefills = PrefillBatches(
+            self._post_prefills, self._http.submit_plain, self._http.abort, rows_per_request, tokens_per_request, prefill_posts
+        )
+        #: called with the rows of each prefill POST that got an answer (the run's metrics)
+        self.observe_rows_per_post: Callable[[int], None] | None = None
 
     def close(self) -> None:
         self._http.close()
@@ -237,24 +256,32 @@ class ServerClient:
         )
 
     def send_prefill(self, request: GenerateRequest) -> PendingAnswer:
-        """POST /generate (``max_new_tokens`` 0) and return at once; the answer comes as a :class:`PendingAnswer`."""
-        body = orjson.dumps(request.to_json())
+        """POST /generate (``max_new_tokens`` 0), alone or with the other rows sending now
+        (:mod:`~hsextract.extract.requests.prefill_batches`), and return at once; the answer comes as a
+        :class:`PendingAnswer`."""
+        row = self._prefills.send(request)
+        return PendingAnswer(request, row.future, row.cancel)
 
-        def post(connection: PlainConnection) -> GenerateAnswer:
-            try:
-                response = connection.post(GENERATE_PATH, body, _JSON_BODY)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                raise ServerUnreachableError(
-                    f"{GENERATE_PATH} for {request.rid}: no connection to {self.base_url} ({type(exc).__name__}: {exc})"
-                ) from exc
-            except httpx.TimeoutException as exc:
-                raise TransientServerError(f"{GENERATE_PATH} for {request.rid} timed out: {exc}") from exc
-            except httpx.HTTPError as exc:
-                raise TransientServerError(f"{GENERATE_PATH} for {request.rid} failed: {type(exc).__name__}: {exc}") from exc
-            return self._classify(request, response)
-
-        future = self._http.submit_plain(post)
-        return PendingAnswer(request, future, lambda: self._http.abort(future))
+    def _post_prefills(self, connection: PlainConnection, requests: list[GenerateRequest]) -> list[Outcome]:
+        """One POST of ``requests`` on a request thread: one outcome a request, or raises for the whole exchange."""
+        one = len(requests) == 1
+        sent = requests[0].rid if one else f"{len(requests)} rows ({requests[0].rid} ... {requests[-1].rid})"
+        body = orjson.dumps(requests[0].to_json() if one else GenerateRequest.batch_json(requests))
+        try:
+            response = connection.post(GENERATE_PATH, body, _JSON_BODY)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise ServerUnreachableError(
+                f"{GENERATE_PATH} for {sent}: no connection to {self.base_url} ({type(exc).__name__}: {exc})"
+            ) from exc
+        except httpx.TimeoutException as exc:
+            raise TransientServerError(f"{GENERATE_PATH} for {sent} timed out: {exc}") from exc
+        except httpx.HTTPError as exc:
+            raise TransientServerError(f"{GENERATE_PATH} for {sent} failed: {type(exc).__name__}: {exc}") from exc
+        if self.observe_rows_per_post is not None:
+            self.observe_rows_per_post(len(requests))
+        if one:
+            return [self._classify(requests[0], response)]
+        return self._classify_batch(requests, sent, response)
 
     def spot_check(self, request: SpotCheckRequest) -> SpotCheckAnswer:
         """POST /generate asking for the engine's own hidden states (waits for the answer), in binary from a
@@ -297,10 +324,41 @@ class ServerClient:
             raise self._wrong_server(
                 "POST", GENERATE_PATH, response, "only 200, a 400 that rejects the prompt, or a retryable error are expected"
             )
+        answer = self._answer(request, body, response)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def _classify_batch(self, requests: list[GenerateRequest], sent: str, response: httpx.Response) -> list[Outcome]:
+        """The answer to a POST of several rows: a 400 (about one of them) sends each again alone."""
+        status = response.status_code
+        if status in _RETRIED or status >= 500:
+            raise TransientServerError(f"{GENERATE_PATH} for {sent} answered HTTP {status}: {response.text[:300]}")
+        if status == 400:
+            return [ALONE] * len(requests)
+        body = json_body(response)
+        count = len(requests)
+        if status != 200 or not isinstance(body, list) or len(body) != count:
+            raise self._wrong_server("POST", GENERATE_PATH, response, f"expected a list of {count} answers to {count} prompts")
+        outcomes: list[Outcome] = []
+        for request, item in zip(requests, body, strict=True):
+            answer = self._answer(request, item, response)
+            if isinstance(answer, GenerateAnswer) and answer.rid is not None and answer.rid != request.rid:
+                answer = self._wrong_server(
+                    "POST",
+                    GENERATE_PATH,
+                    response,
+                    f"the answer in {request.rid}'s place is {answer.rid}'s: a batch is answered in the order of its prompts",
+                )
+            outcomes.append(answer)
+        return outcomes
+
+    def _answer(self, request: GenerateRequest, body: Any, response: httpx.Response) -> GenerateAnswer | HsextractError:
+        """One prompt's answer in a 200's body, or what is wrong with it."""
         answer = GenerateAnswer.parse(body)
         if answer is None:
-            raise self._wrong_server("POST", GENERATE_PATH, response, "expected a JSON object with meta_info")
+            return self._wrong_server("POST", GENERATE_PATH, response, "expected a JSON object with meta_info")
         sent = len(request.input_ids)
         if answer.prompt_tokens is not None and answer.prompt_tokens != sent:
-            raise TransientServerError(f"server says {rid} had {answer.prompt_tokens} prompt tokens, we sent {sent}")
+            return TransientServerError(f"server says {request.rid} had {answer.prompt_tokens} prompt tokens, we sent {sent}")
         return answer
