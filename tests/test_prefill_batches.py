@@ -167,11 +167,11 @@ def test_cancelling_a_row_gives_up_its_answer_only(server: _BatchServer, client:
 
 
 @pytest.mark.parametrize("client", [(2, 1, 1000)], indirect=True)
-def test_a_cancelled_client_settles_every_row_waiting_for_a_slot(server: _BatchServer, client: ServerClient) -> None:
+def test_a_cancelled_client_settles_every_row_out_or_waiting_for_a_slot(server: _BatchServer, client: ServerClient) -> None:
     server.answer.clear()
     pendings = [_send(client, "first")]
     server.arrived(1)
-    pendings += [_send(client, f"w{i}") for i in range(9)]  # five POSTs waiting for the one slot
+    pendings += [_send(client, f"w{i}") for i in range(9)]  # four full POSTs out, one waiting for the slot
     client.cancel()
     for pending in pendings:
         assert pending.wait(5.0), f"{pending.request.rid} was never settled"

@@ -217,7 +217,7 @@ def test_rows_in_one_post_are_answered_and_dumped_row_by_row_and_a_refused_promp
     """prefill_batches against SGLang itself: rows that wait for the one slot go in one POST (SGLang's batched
     form: lists of input_ids and rids), each gets its own answer and its own dump. A prompt SGLang refuses (past
     the context) is answered with a 400 for the whole POST: its rows are sent again alone, and only it is refused."""
-    client = ServerClient(server.url, rows_per_request=4, prefill_posts=1)
+    client = ServerClient(server.url, rows_per_request=4, prefill_posts=1, tokens_per_request=65536)
     posts: list[int] = []
     client.observe_rows_per_post = posts.append
     # rids as the extractor makes them (the hook dumps only those): the first, one past the context, two short

@@ -227,9 +227,9 @@ class ExtractConfig(StrictConfig):
 
     def prefill_posts(self) -> int:
         """Prefill POSTs out at once. With one row a request, every row's goes at once (as many as rows in flight);
-        with more, a quarter of the rows in flight in full POSTs, at least 2: rows that would open one more join
-        a POST waiting for the next free slot, so under load each carries several (``make bench-row-cost``: 4 slots
-        at 256 rows in flight filled POSTs to 10 rows, 16 slots to 2.6)."""
+        with more, a quarter of the rows in flight in full POSTs, at least 2: rows sent while every slot is out
+        join a POST that waits for the next free one (or goes once full), so under load each carries several
+        (``make bench-row-cost``: 4 slots at 256 rows in flight filled POSTs to 10 rows, 16 slots to 2.6)."""
         if self.rows_per_request == 1:
             return self.concurrency
         return max(2, -(-self.concurrency // (4 * self.rows_per_request)))

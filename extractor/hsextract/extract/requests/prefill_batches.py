@@ -3,9 +3,11 @@
 Each POST costs both sides a fixed amount of interpreter time (the HTTP exchange, the server's route and its
 event loop, a request thread's hand-off), which with a fast forward is the run's limit on short rows: the
 embedded server spent 5.5 ms of CPU a row posted alone and 2.9 ms a row posted eight at a time (CPU, tiny
-model). Rows are not held back to fill a POST: the first row to send opens a POST and hands it to a request
-thread at once, and the rows that send before that thread takes it up join it (up to ``rows_per_request``
-rows and ``max_tokens`` prompt tokens). A lone row goes alone, as before; under load the POSTs fill.
+model). No row is held back while the server could take it: a row opens a POST and hands it to a request
+thread at once while fewer than ``max_posts`` POSTs are out, and the rows that send before that thread takes
+it up join it. Once every slot is out, the rows sent meanwhile join one POST that waits for the next free
+slot, or goes as soon as it is full (``rows_per_request`` rows, ``max_tokens`` prompt tokens, or the next
+row does not fit): it would gain nothing by waiting. A lone row goes alone, as before; under load POSTs fill.
 
 Every row keeps a request of its own for what the rest of the extractor sees (:class:`RowRequest`):
 
@@ -20,7 +22,6 @@ Every row keeps a request of its own for what the rest of the extractor sees (:c
 
 from __future__ import annotations
 
-import collections
 import copy
 import functools
 import threading
@@ -74,6 +75,7 @@ class _Post:
     def __init__(self) -> None:
         self.rows: list[RowRequest] = []
         self.tokens = 0
+        self.out = False  # handed to a request thread (it holds a slot, or is full)
         self.sent: list[RowRequest] | None = None
         self.exchange: Future[list[Outcome]] | None = None
 
@@ -90,28 +92,30 @@ class PrefillBatches:
         self._post, self._submit, self._abort = post, submit, abort
         self.rows_per_request, self.max_tokens, self.max_posts = rows_per_request, max_tokens, max_posts
         self._lock = threading.Lock()
-        self._open: _Post | None = None  # the POST rows join now (waiting, or handed to a thread and not taken up)
-        self._waiting: collections.deque[_Post] = collections.deque()  # for a free slot, oldest first
+        self._open: _Post | None = None  # the POST rows join now: waiting for a slot, or out and not yet taken up
         self._posts_out = 0  # handed to a request thread and not yet settled
-        self._starting = False  # a thread is starting waiting POSTs (_free_slot)
 
     def send(self, request: GenerateRequest) -> RowRequest:
         """Queue one row's request: into the open POST when it takes it, else a new one, handed to a thread at once
-        while fewer than ``max_posts`` are out, else when one comes back."""
+        while fewer than ``max_posts`` are out. A POST waiting for a slot goes as soon as one is free, or as soon as
+        it takes no more rows (full, or the next row does not fit): waiting would not fill it further."""
         row = RowRequest(request, self)
+        starts: list[_Post] = []
         with self._lock:
             post = self._open
-            start = False
             if post is None or not self._takes(post, request):
+                if post is not None:
+                    starts += self._close(post)
                 post = self._open = _Post()
                 if self._posts_out < self.max_posts:
-                    self._posts_out += 1
-                    start = True
-                else:
-                    self._waiting.append(post)
-            self._join(post, row)
-        if start:
-            self._start(post)
+                    starts += self._out(post)
+            post.rows.append(row)
+            post.tokens += len(request.input_ids)
+            row.post = post
+            if len(post.rows) >= self.rows_per_request or post.tokens >= self.max_tokens:
+                starts += self._close(post)
+        for each in starts:
+            self._start(each)
         return row
 
     def _takes(self, post: _Post, request: GenerateRequest) -> bool:
@@ -121,12 +125,17 @@ class PrefillBatches:
             and post.rows[0].request.batch_key() == request.batch_key()
         )
 
-    def _join(self, post: _Post, row: RowRequest) -> None:
-        post.rows.append(row)
-        post.tokens += len(row.request.input_ids)
-        row.post = post
-        if self._open is post and (len(post.rows) >= self.rows_per_request or post.tokens >= self.max_tokens):
-            self._open = None  # full: the next row opens another
+    def _close(self, post: _Post) -> list[_Post]:
+        """Under the lock: ``post`` takes no more rows; it goes out now if it was waiting (returned: start it)."""
+        if self._open is post:
+            self._open = None
+        return [] if post.out else self._out(post)
+
+    def _out(self, post: _Post) -> list[_Post]:
+        """Under the lock: ``post`` holds a slot from now until it settles (returned: start it)."""
+        post.out = True
+        self._posts_out += 1
+        return [post]
 
     def _start(self, post: _Post) -> None:
         exchange = self._submit(functools.partial(self._take_up, post))
@@ -171,21 +180,14 @@ class PrefillBatches:
         self._free_slot()
 
     def _free_slot(self) -> None:
-        """A POST came back: start the waiting ones while slots are free. One thread at a time starts them, in a loop:
-        a POST whose hand-off fails at once (the client is cancelled) settles inside ``_start``, and would recurse."""
+        """A POST came back: the one waiting for a slot, if any, goes out."""
         with self._lock:
             self._posts_out -= 1
-            if self._starting:
-                return  # the thread starting POSTs sees this slot on its next turn
-            self._starting = True
-        while True:
-            with self._lock:
-                if not self._waiting or self._posts_out >= self.max_posts:
-                    self._starting = False
-                    return
-                post = self._waiting.popleft()
-                self._posts_out += 1
-            self._start(post)
+            post = self._open
+            if post is None or post.out or self._posts_out >= self.max_posts:
+                return
+            self._out(post)
+        self._start(post)
 
     def _send_alone(self, row: RowRequest) -> None:
         """Again, in a POST of its own, at once: its slot was the POST of several that the server refused."""
@@ -196,7 +198,7 @@ class PrefillBatches:
             post.rows.append(row)
             post.tokens = len(row.request.input_ids)
             row.post = post
-            self._posts_out += 1
+            self._out(post)
         self._start(post)
 
     def cancel(self, row: RowRequest) -> None:
