@@ -1,6 +1,7 @@
-"""HTTP client for the SGLang (or embedded) server: health, identity, one-prompt prefill.
+"""HTTP client for the SGLang (or embedded) server: health, identity, the rows' prefills.
 
-Answers are classified for what they mean (``/generate``):
+Answers are classified for what they mean (``/generate``; the answer to a POST of several rows is a list, one
+answer a row in order, and its 400 sends each row again alone, :mod:`~hsextract.extract.requests.prefill_batches`):
 
 * 200 with a JSON body: done.
 * 400 "Duplicate request ID detected: <rid>": the server still holds an earlier request of this rid

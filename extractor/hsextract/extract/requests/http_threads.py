@@ -298,7 +298,7 @@ class ThreadedHTTP:
         return self._submit(lambda connections: work(connections.client))
 
     def submit_plain(self, work: Callable[[PlainConnection], T]) -> Future[T]:
-        """:meth:`submit` with the thread's plain connection: for the POST every row sends (plain_post says why)."""
+        """:meth:`submit` with the thread's plain connection: for the rows' prefill POSTs (plain_post says why)."""
         return self._submit(lambda connections: work(connections.plain))
 
     def _submit(self, work: Callable[[_Connections], T]) -> Future[T]:
