@@ -3,8 +3,9 @@
 Every row goes out in one such request, alone or with others (:mod:`~hsextract.extract.requests.prefill_batches`).
 Through ``httpx.Client`` one cost about 0.44 ms of the extractor's CPU (auth, redirect and hook layers, URL and
 header models, httpcore's pool), most of it under the interpreter lock, which a fast forward makes the run's
-limit; through http.client 0.15 ms (``bench/bench_http_client.py``). The rules are those of the httpx connections in :mod:`~hsextract.extract.requests.http_threads`: a connection is used and
-closed only by the thread that owns it; an idle one is closed before the server's keep-alive ends, or when the
+limit; through http.client 0.15 ms (``bench/bench_http_client.py``). The rules are those of the httpx
+connections in :mod:`~hsextract.extract.requests.http_threads`: a connection is used and closed only by the
+thread that owns it; an idle one is closed before the server's keep-alive ends, or when the
 server has closed it; another thread cancels a request by shutting its socket down (a blocked read fails at
 once, no descriptor is freed under the owner). Failures are raised as the httpx exceptions of the same meaning,
 so that callers handle one family.
