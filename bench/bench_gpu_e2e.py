@@ -431,6 +431,9 @@ def extract(
         "packed_in_process": metrics.registry.get_sample_value("hsextract_packed_in_process_total"),
         "rows_per_request": config.rows_per_request,
         "posts": metrics.registry.get_sample_value("hsextract_rows_per_request_count"),
+        # rows written from their dump whose answer had not come answer_grace_s later: a POST's rows are answered
+        # together, so a spread of its rows' dumps past the grace would show here
+        "late_answers": summary.late_answers,
         # each process's CPU seconds over the phase's: near 1.0 with mostly Python work is one GIL, saturated
         "cpu_seconds_per_second": cpu,
         # the same per row: a side's fixed cost, which caps short rows at about 1000 / (its GIL-held ms) rows/s

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,9 +28,11 @@ from .helpers import Answer, Proxy, assert_same_output, make_rows, run_extract, 
 HELD_ROW = 5
 
 
-def _row(body: bytes) -> int | None:
-    rid = parse_rid(json.loads(body).get("rid"))
-    return None if rid is None else rid.row
+def _rows(body: bytes) -> list[int]:
+    """The rows a /generate body carries (a list of rids when several rows share it)."""
+    rid = json.loads(body).get("rid")
+    parsed = [parse_rid(each) for each in (rid if isinstance(rid, list) else [rid])]
+    return [each.row for each in parsed if each is not None]
 
 
 @pytest.fixture
@@ -44,7 +47,7 @@ def _hold_answer(upstream: str, hold_s: float | None, release: threading.Event) 
         if path != "/generate":
             return None
         response = httpx.post(upstream + path, content=body, timeout=120)  # the server prefills and dumps
-        if _row(body) == HELD_ROW:
+        if HELD_ROW in _rows(body):
             release.wait(hold_s)  # ... and its answer is held back
         return Answer(response.status_code, response.content)
 
@@ -60,8 +63,10 @@ def test_a_row_whose_answer_is_held_is_written_from_its_dump(
     dataset = write_rows(tmp_path / "data.jsonl", make_rows(12, seed=11))
     output, reference = tmp_path / "out", tmp_path / "reference"
 
-    # timeout: request_timeout_s is 600 s and the held answer 30 s or never; only the dump can end this in time
-    done = run_extract(front.url, dataset, output, "--dump-dir", str(server.dump_dir), "--answer-grace-s", "1", timeout=25)
+    # timeout: request_timeout_s is 600 s and the held answer 30 s or never; only the dump can end this in time.
+    # One row a request: the answer held is that row's alone
+    extra = ("--dump-dir", str(server.dump_dir), "--answer-grace-s", "1", "--rows-per-request", "1")
+    done = run_extract(front.url, dataset, output, *extra, timeout=25)
     assert done.returncode == 0, done.stderr
     assert "1 rows written before their HTTP answer came" in done.stdout
     late_lines = [line for line in done.stderr.splitlines() if "is not waited on" in line]
@@ -80,7 +85,7 @@ def test_the_watchdog_resends_a_request_the_server_never_got(
     swallowed: list[int] = []
 
     def rule(method: str, path: str, body: bytes) -> Answer | None:
-        if path == "/generate" and _row(body) == HELD_ROW and not swallowed:
+        if path == "/generate" and HELD_ROW in _rows(body) and not swallowed:
             swallowed.append(HELD_ROW)
             release.wait()  # lost on its way in: never forwarded, never answered
         return None
@@ -88,12 +93,49 @@ def test_the_watchdog_resends_a_request_the_server_never_got(
     front = proxy(server.url, rule)
     dataset = write_rows(tmp_path / "data.jsonl", make_rows(8, seed=12))
     output = tmp_path / "out"
-    done = run_extract(front.url, dataset, output, "--dump-dir", str(server.dump_dir), "--stall-timeout-s", "3", timeout=60)
+    extra = ("--dump-dir", str(server.dump_dir), "--stall-timeout-s", "3", "--rows-per-request", "1")
+    done = run_extract(front.url, dataset, output, *extra, timeout=60)
     assert done.returncode == 0, done.stderr
     assert swallowed == [HELD_ROW]
     assert f"row {HELD_ROW} " in done.stderr and "no trace on the server" in done.stderr, done.stderr
     assert "sending again the 1 the server has no trace of" in done.stderr
     assert len((output / "samples.jsonl").read_text().splitlines()) == 8
+
+
+def test_rows_of_one_post_dumped_seconds_apart_are_not_counted_late(models, start_server, proxy, tmp_path: Path) -> None:
+    """A POST of several rows is answered once its last row is dumped: an early row's answer waits for the others,
+    which is not late. The proxy sends the first POST of several rows on to the server a row at a time, 2.5 s apart
+    (the first row dumped, the next 2.5 s later, ...), and answers it once the last is done; the grace is 1 s."""
+    server = start_server(models["main"])
+    split: list[list[int]] = []
+
+    def rule(method: str, path: str, body: bytes) -> Answer | None:
+        if path != "/generate" or split:
+            return None
+        request = json.loads(body)
+        if not isinstance(request.get("rid"), list):
+            return None
+        split.append(_rows(body))
+        answers = []
+        for i, (rid, ids) in enumerate(zip(request["rid"], request["input_ids"], strict=True)):
+            if i:
+                time.sleep(2.5)
+            one = {**request, "rid": rid, "input_ids": ids}
+            answers.append(httpx.post(server.url + path, json=one, timeout=120).json())
+        return Answer(200, json.dumps(answers).encode())
+
+    front = proxy(server.url, rule)
+    dataset = write_rows(tmp_path / "data.jsonl", make_rows(8, seed=14))
+    output, reference = tmp_path / "out", tmp_path / "reference"
+    # two request slots at concurrency 8: the rows sent while both are out share the next POST
+    extra = ("--dump-dir", str(server.dump_dir), "--answer-grace-s", "1", "--concurrency", "8")
+    done = run_extract(front.url, dataset, output, *extra, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert len(split) == 1 and len(split[0]) >= 2, split
+    assert "is not waited on" not in done.stderr, done.stderr
+    assert "; 0 rows written before their HTTP answer came" in done.stdout, done.stdout
+    run_extraction(server.url, dataset, reference, concurrency=1)
+    assert_same_output(output, reference)
 
 
 def test_2000_rows_at_concurrency_256_are_each_taken_up_soon_after_their_dump(models, start_server, tmp_path: Path) -> None:

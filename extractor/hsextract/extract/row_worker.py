@@ -352,18 +352,25 @@ class RowWorker:
         return DumpError(ErrorReason.SERVER_DUMP_ERROR, f"the server could not dump {directory.name}: {reason}")
 
     def _leave_answer(self, pending: PendingAnswer, entry: OpenRequest) -> None:
-        """The row is written from its dump; its answer gets ``answer_grace_s`` more, then is counted late."""
+        """The row is written from its dump; its answer gets ``answer_grace_s`` more, then is counted late. The
+        grace starts again while another row of its POST is not dumped: the POST is answered once all are."""
+        pending.dumped()
         grace = self.config.answer_grace_s
         with self._lock:
             self._lingering[pending] = (entry, time.monotonic() + grace)
         self.client.later(grace, functools.partial(self._settle_answer, pending))
 
-    def _settle_answer(self, pending: PendingAnswer) -> None:
+    def _settle_answer(self, pending: PendingAnswer, final: bool = False) -> None:
+        grace = self.config.answer_grace_s
         with self._lock:
             lingering = self._lingering.pop(pending, None)
+            if lingering is not None and not pending.done() and not final and pending.waits_for_other_rows():
+                self._lingering[pending] = (lingering[0], time.monotonic() + grace)
+                self.client.later(grace, functools.partial(self._settle_answer, pending))
+                return
         if lingering is not None and not pending.done():
             entry, _ = lingering
-            self.ledger.answer_late(entry.row, entry.rid, self.config.answer_grace_s)
+            self.ledger.answer_late(entry.row, entry.rid, grace)
             pending.cancel()
 
     def abandon_answers(self) -> None:
@@ -372,4 +379,4 @@ class RowWorker:
             lingering = list(self._lingering.items())
         for pending, (_, grace_ends) in lingering:
             pending.wait(max(0.0, grace_ends - time.monotonic()))
-            self._settle_answer(pending)
+            self._settle_answer(pending, final=True)

@@ -61,7 +61,7 @@ from hsextract.errors import (
 )
 from hsextract.extract.requests.http_threads import KEEPALIVE_EXPIRY_S, RequestsCancelled, ThreadedHTTP
 from hsextract.extract.requests.plain_post import PlainConnection
-from hsextract.extract.requests.prefill_batches import ALONE, Outcome, PrefillBatches
+from hsextract.extract.requests.prefill_batches import ALONE, Outcome, PrefillBatches, RowRequest
 
 log = logging.getLogger(__name__)
 
@@ -99,11 +99,16 @@ class PendingAnswer:
     """The answer to one ``/generate`` request, while it may still be on its way."""
 
     def __init__(
-        self, request: GenerateRequest, future: concurrent.futures.Future[GenerateAnswer], abort: Callable[[], None]
+        self,
+        request: GenerateRequest,
+        future: concurrent.futures.Future[GenerateAnswer],
+        abort: Callable[[], None],
+        row: RowRequest | None = None,
     ) -> None:
         self.request = request
         self._future = future
         self._abort = abort
+        self._row = row
         # One event per request, set when the answer is in: a row's worker waits on it many times, and
         # concurrent.futures.wait builds and installs a waiter (a condition and its lock) on every call.
         self._in = threading.Event()
@@ -126,6 +131,15 @@ class PendingAnswer:
     def cancel(self) -> None:
         """Give up on the answer: the request is cancelled (its connection shut if it is under way)."""
         self._abort()
+
+    def dumped(self) -> None:
+        """The row's dump is complete: its answer is all it waits for (:meth:`waits_for_other_rows`)."""
+        if self._row is not None:
+            self._row.dumped = True
+
+    def waits_for_other_rows(self) -> bool:
+        """Whether its answer waits for another row of its POST (not yet dumped): not late, however long."""
+        return self._row is not None and self._row.others_waiting()
 
     def add_done_callback(self, callback: Callable[[PendingAnswer], object]) -> None:
         self._future.add_done_callback(lambda _: callback(self))
@@ -262,7 +276,7 @@ class ServerClient:
         (:mod:`~hsextract.extract.requests.prefill_batches`), and return at once; the answer comes as a
         :class:`PendingAnswer`."""
         row = self._prefills.send(request)
-        return PendingAnswer(request, row.future, row.cancel)
+        return PendingAnswer(request, row.future, row.cancel, row)
 
     def _post_prefills(self, connection: PlainConnection, requests: list[GenerateRequest]) -> list[Outcome]:
         """One POST of ``requests`` on a request thread: one outcome a request, or raises for the whole exchange."""

@@ -51,11 +51,19 @@ class RowRequest:
         self.request = request
         self.future: Future[GenerateAnswer] = Future()
         self.cancelled = False
+        self.dumped = False  # the row's dump is complete (its worker says so): it waits only for its answer
         self.post: _Post | None = None  # the POST that carries it now
         self._batches = batches
 
     def cancel(self) -> None:
         self._batches.cancel(self)
+
+    def others_waiting(self) -> bool:
+        """Whether another row of its POST has neither its dump nor its answer: the server answers a POST once
+        every row of it is dumped, so this row's answer cannot have come yet."""
+        post = self.post
+        rows = post.sent if post is not None and post.sent is not None else ()
+        return any(not (row.dumped or row.cancelled or row.future.done()) for row in rows if row is not self)
 
     def resolve(self, outcome: Outcome) -> None:
         """Settle the row's future with ``outcome`` (an answer or an exception), unless it is settled already."""
