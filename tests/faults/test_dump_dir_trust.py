@@ -84,7 +84,9 @@ def test_a_planted_dump_behind_a_symlink_is_never_packed(models, start_server, p
     front = proxy(server.url, plant)
     dataset = write_rows(tmp_path / "data.jsonl", make_rows(4, seed=16))
     output = tmp_path / "out"
-    result = run_extract(front.url, dataset, output, "--dump-dir", str(server.dump_dir), "--max-attempts", "2")
+    # one row a request: the planting rule reads one rid a body (row 0's retry must be planted too)
+    extra = ("--dump-dir", str(server.dump_dir), "--max-attempts", "2", "--rows-per-request", "1")
+    result = run_extract(front.url, dataset, output, *extra)
     assert result.returncode == 3, result.stderr
     assert "is a symlink" in result.stderr
     written = [json.loads(line)["row"] for line in (output / "samples.jsonl").read_text().splitlines()]
