@@ -3,7 +3,9 @@
 The dump, not the HTTP answer, finishes a row. While the request is open the worker also watches
 the row's dump directory; once the dump is complete it goes on (reads, checks and writes it)
 whether or not the answer has come. An answer that has not followed ``answer_grace_s`` later is
-logged once, counted (``hsextract_late_answers_total``) and cancelled, never waited on. The
+logged once, counted (``hsextract_late_answers_total``) and cancelled, never waited on; a row that
+shares its POST with others is answered once all of them are dumped, so its grace runs from the last
+of them (:meth:`RowWorker._settle_answer`). The
 other way round, an answer without a dump waits ``dump_timeout_s`` for it (the SGLang hook writes
 after answering). What a failure means (retry, skip the row, stop the run) is the error's own
 ``fatal`` / ``retryable`` (:mod:`hsextract.errors`), with two kinds that spend no try: a server that
