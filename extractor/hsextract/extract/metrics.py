@@ -45,7 +45,9 @@ class ExtractMetrics:
         self.shm_total = Gauge("hsextract_shm_total_bytes", "Size of the dump filesystem", registry=r)
         self.disk_free = Gauge("hsextract_disk_free_bytes", "Free bytes on the output filesystem", registry=r)
         self.output_bytes = Counter("hsextract_output_bytes", "Bytes written to the output", registry=r)
-        self.inflight = Gauge("hsextract_inflight_requests", "Requests sent and not yet packed", registry=r)
+        self.inflight = Gauge(
+            "hsextract_inflight_requests", "Rows sent and not yet packed (up to rows_per_request share a request)", registry=r
+        )
         self.request_seconds = Histogram(
             "hsextract_request_seconds",
             "Seconds from sending a request to its dump being packed",
