@@ -177,3 +177,23 @@ def test_a_cancelled_client_settles_every_row_out_or_waiting_for_a_slot(server: 
         assert pending.wait(5.0), f"{pending.request.rid} was never settled"
         with pytest.raises(TransientServerError):
             pending.result()
+
+
+@pytest.mark.parametrize("client", [(4, 1, 1000)], indirect=True)
+def test_a_rows_answer_waits_for_the_other_rows_of_its_post_until_they_are_dumped(
+    server: _BatchServer, client: ServerClient
+) -> None:
+    server.answer.clear()
+    first = _send(client, "first")
+    server.arrived(1)
+    a, b, c = _send(client, "a"), _send(client, "b"), _send(client, "c")
+    first.cancel()  # its slot frees: a, b and c go together
+    assert server.arrived(2)[1] == ["a", "b", "c"]
+    a.dumped()
+    assert a.waits_for_other_rows()  # b and c have neither dump nor answer: the server cannot answer yet
+    b.dumped()
+    c.cancel()
+    assert not a.waits_for_other_rows() and not b.waits_for_other_rows()
+    assert not first.waits_for_other_rows()  # alone in its POST
+    server.answer.set()
+    assert _answer(a).rid == "a" and _answer(b).rid == "b"
