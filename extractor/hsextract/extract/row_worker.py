@@ -357,22 +357,24 @@ class RowWorker:
         """The row is written from its dump; its answer gets ``answer_grace_s`` more, then is counted late. The
         grace starts again while another row of its POST is not dumped: the POST is answered once all are."""
         pending.dumped()
-        grace = self.config.answer_grace_s
         with self._lock:
-            self._lingering[pending] = (entry, time.monotonic() + grace)
+            self._grace(pending, entry)
+
+    def _grace(self, pending: PendingAnswer, entry: OpenRequest) -> None:
+        """Under ``_lock``: ``answer_grace_s`` more for the row's answer, then :meth:`_settle_answer`."""
+        grace = self.config.answer_grace_s
+        self._lingering[pending] = (entry, time.monotonic() + grace)
         self.client.later(grace, functools.partial(self._settle_answer, pending))
 
     def _settle_answer(self, pending: PendingAnswer, final: bool = False) -> None:
-        grace = self.config.answer_grace_s
         with self._lock:
             lingering = self._lingering.pop(pending, None)
             if lingering is not None and not pending.done() and not final and pending.waits_for_other_rows():
-                self._lingering[pending] = (lingering[0], time.monotonic() + grace)
-                self.client.later(grace, functools.partial(self._settle_answer, pending))
+                self._grace(pending, lingering[0])
                 return
         if lingering is not None and not pending.done():
             entry, _ = lingering
-            self.ledger.answer_late(entry.row, entry.rid, grace)
+            self.ledger.answer_late(entry.row, entry.rid, self.config.answer_grace_s)
             pending.cancel()
 
     def abandon_answers(self) -> None:

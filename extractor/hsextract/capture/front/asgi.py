@@ -176,18 +176,19 @@ class _Routes:
             future = self.engine.submit(prompt.rid, prompt.input_ids, prompt.final_prenorm, prompt.storage)
             future.add_done_callback(functools.partial(self._let_go_of, prompt.rid))
             futures.append(future)
+        def unfinished() -> str:
+            return ", ".join(prompt.rid for prompt, future in zip(parsed, futures, strict=True) if not future.done())
+
         try:
             await self.drain.wait(_all_done(futures), GENERATE_TIMEOUT_S)
         except ShuttingDown:
-            rids = ", ".join(r.rid for r, f in zip(parsed, futures, strict=True) if not f.done())
             return _error(
                 503,
-                f"server shutting down: request {rids} was not finished within the {self.drain.grace_s:g} s "
+                f"server shutting down: request {unfinished()} was not finished within the {self.drain.grace_s:g} s "
                 "grace period; send it again to a running server",
             )
         except TimeoutError:
-            rids = ", ".join(r.rid for r, f in zip(parsed, futures, strict=True) if not f.done())
-            return _error(503, f"request {rids} timed out in the embedded server")
+            return _error(503, f"request {unfinished()} timed out in the embedded server")
         answers = []
         for prompt, future in zip(parsed, futures, strict=True):
             try:

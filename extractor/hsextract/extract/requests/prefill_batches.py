@@ -87,6 +87,15 @@ class _Post:
         self.sent: list[RowRequest] | None = None
         self.exchange: Future[list[Outcome]] | None = None
 
+    def add(self, row: RowRequest) -> None:
+        self.rows.append(row)
+        self.tokens += len(row.request.input_ids)
+        row.post = self
+
+    def abandoned(self) -> bool:
+        """Sent, and every row it carries cancelled: nobody waits for its exchange."""
+        return self.sent is not None and all(row.cancelled for row in self.sent)
+
 
 class PrefillBatches:
     """Sends rows' prefills, several to a POST when rows wait for one (module docstring)."""
@@ -117,9 +126,7 @@ class PrefillBatches:
                 post = self._open = _Post()
                 if self._posts_out < self.max_posts:
                     starts += self._out(post)
-            post.rows.append(row)
-            post.tokens += len(request.input_ids)
-            row.post = post
+            post.add(row)
             if len(post.rows) >= self.rows_per_request or post.tokens >= self.max_tokens:
                 starts += self._close(post)
         for each in starts:
@@ -149,7 +156,7 @@ class PrefillBatches:
         exchange = self._submit(functools.partial(self._take_up, post))
         with self._lock:
             post.exchange = exchange
-            abandoned = post.sent is not None and all(row.cancelled for row in post.sent)
+            abandoned = post.abandoned()
         exchange.add_done_callback(functools.partial(self._settle, post))
         if abandoned:
             self._abort(exchange)
@@ -157,8 +164,7 @@ class PrefillBatches:
     def _take_up(self, post: _Post, connection: PlainConnection) -> list[Outcome]:
         """On a request thread: close the POST to more rows and send the rows not cancelled."""
         with self._lock:
-            if self._open is post:
-                self._open = None
+            self._close(post)
             post.sent = [row for row in post.rows if not row.cancelled]
         if not post.sent:
             return []
@@ -167,8 +173,7 @@ class PrefillBatches:
     def _settle(self, post: _Post, exchange: Future[list[Outcome]]) -> None:
         """The exchange is over: each row gets its outcome, or the exchange's failure."""
         with self._lock:
-            if self._open is post:
-                self._open = None
+            self._close(post)
             if post.sent is None:  # never taken up (cancelled, or refused): every row it had
                 post.sent = list(post.rows)
             rows = post.sent
@@ -203,9 +208,7 @@ class PrefillBatches:
         with self._lock:
             if row.cancelled:
                 return
-            post.rows.append(row)
-            post.tokens = len(row.request.input_ids)
-            row.post = post
+            post.add(row)
             self._out(post)
         self._start(post)
 
@@ -218,7 +221,7 @@ class PrefillBatches:
             post = row.post
             assert post is not None
             exchange = post.exchange
-            abandoned = post.sent is not None and all(each.cancelled for each in post.sent)
+            abandoned = post.abandoned()
         row.resolve(RequestsCancelled(f"the request of {row.request.rid} was cancelled"))
         if abandoned and exchange is not None:
             self._abort(exchange)
