@@ -12,6 +12,14 @@ this process). Every run has the CLI's defaults, the spot check on: a run that d
 ``complete`` with every token (a stop, a stall) is a failed run, and the script exits 1 if any run
 failed. The result JSON is rewritten after every run; ``--append`` adds to an existing one (the soak
 can be split over several calls, one per budget).
+
+Before its extractions each server also regenerates (``--regenerate-runs`` runs, 0: none): ``hsextract
+regenerate`` at the CLI's defaults (the server's: the static decode cache, the step replayed as a CUDA
+graph) over ``--regenerate-rows`` multi-turn conversations, each turn up to ``--regenerate-new-tokens``,
+into a fresh output. A run fails when it does not end complete with every row ok or when it passes
+``--regenerate-timeout-s`` (the stacks of both processes are taken); each run's answers are compared
+with the first run's (``same_as_first_run``: the share of conversations regenerated identically; greedy
+decoding of a batch whose composition differs may differ in bf16, so this is reported, not held).
 """
 
 from __future__ import annotations
@@ -35,26 +43,89 @@ import bench_gpu_e2e as e2e
 import torch
 
 from hsextract.api import ExtractConfig, Extraction, ExtractMetrics
+from hsextract.dev.sample_data import make_sample_conversations
+from hsextract.dev.tokenizer import write_tokenizer
 
 log = logging.getLogger("bench_gpu_soak")
+
+#: ``python -c`` of the hsextract CLI with every thread's stack written to stderr on SIGUSR1
+CLI_WITH_STACKS = (
+    "import faulthandler, signal, sys; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+    "from hsextract.cli import main; sys.exit(main(sys.argv[1:]))"
+)
 
 
 def start_server(model_dir: Path, dump_dir: Path, args: argparse.Namespace, budget: int, log_path: Path) -> tuple[Any, str]:
     """``hsextract serve`` with every thread's stack on SIGUSR1."""
     port = e2e.free_port()
-    wrapper = (
-        "import faulthandler, signal, sys; faulthandler.register(signal.SIGUSR1, all_threads=True); "
-        "from hsextract.cli import main; sys.exit(main(sys.argv[1:]))"
-    )
     command = [
-        sys.executable, "-c", wrapper, "serve", "--model", str(model_dir), "--dump-dir", str(dump_dir), "--port", str(port),
-        "--device", args.device, "--max-batch-tokens", str(budget), "--chunked-prefill-size", str(args.chunked_prefill_size),
+        sys.executable, "-c", CLI_WITH_STACKS, "serve", "--model", str(model_dir), "--dump-dir", str(dump_dir),
+        "--port", str(port), "--device", args.device, "--max-batch-tokens", str(budget),
+        "--chunked-prefill-size", str(args.chunked_prefill_size),
     ]  # fmt: skip
     if args.layer_ids:
         command += ["--layer-ids", args.layer_ids]
     with open(log_path, "wb") as server_log:
         server = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT)
     return server, f"http://127.0.0.1:{port}"
+
+
+def regenerate_run(
+    url: str, conversations: Path, output: Path, args: argparse.Namespace, log_path: Path, server: Any
+) -> dict[str, Any]:
+    """One ``hsextract regenerate`` at the CLI's defaults, in a child process: on a timeout the stacks of both
+    processes go to their logs (``log_path`` and the server's)."""
+    command = [sys.executable, "-c", CLI_WITH_STACKS, "regenerate", "--server", url, "--dataset", str(conversations),
+               "--output", str(output), "--max-new-tokens", str(args.regenerate_new_tokens), "--no-progress"]  # fmt: skip
+    started = time.perf_counter()
+    with open(log_path, "wb") as child_log:
+        child = subprocess.Popen(command, stdout=child_log, stderr=subprocess.STDOUT)
+        try:
+            code: int | None = child.wait(args.regenerate_timeout_s)
+        except subprocess.TimeoutExpired:
+            log.error("regeneration still running after %.0f s; taking stacks", args.regenerate_timeout_s)
+            child.send_signal(signal.SIGUSR1)
+            server.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            child.kill()
+            child.wait()
+            code = None
+    seconds = time.perf_counter() - started
+    summary = json.loads((output.parent / f"{output.name}.journal" / "summary.json").read_text()) if code == 0 else {}
+    counts = summary.get("counts", summary)
+    return {
+        "exit_code": code,
+        "failed": code != 0 or counts.get("ok") != args.regenerate_rows,
+        "rows_ok": counts.get("ok"),
+        "turns": counts.get("turns_regenerated"),
+        "generated_tokens": counts.get("generated_tokens"),
+        "truncated_turns": counts.get("truncated_turns"),
+        "seconds": round(seconds, 2),
+        "generated_tokens_per_s": round(counts["generated_tokens"] / seconds, 1) if counts.get("generated_tokens") else None,
+    }
+
+
+def regenerate(url: str, work: Path, args: argparse.Namespace, budget: int, server: Any) -> list[dict[str, Any]]:
+    """``--regenerate-runs`` regenerations of the same conversations by one server, each compared with the first."""
+    records: list[dict[str, Any]] = []
+    first: list[str] | None = None
+    for run in range(1, args.regenerate_runs + 1):
+        output = work / f"regen-{budget}-{run}.jsonl"
+        log_path = args.out.with_name(f"{args.out.stem}-regen-{budget}-{run}.log")
+        record = {
+            "max_batch_tokens": budget,
+            "run": run,
+            **regenerate_run(url, work / "conversations.jsonl", output, args, log_path, server),
+        }
+        if output.exists():
+            answers = output.read_text().splitlines()
+            first = answers if first is None else first
+            record["same_as_first_run"] = round(sum(a == b for a, b in zip(answers, first, strict=False)) / max(1, len(first)), 4)
+        log.info("regeneration %s", record)
+        records.append(record)
+        if record["failed"]:
+            break
+    return records
 
 
 def one_run(
@@ -124,12 +195,17 @@ def parse_args() -> argparse.Namespace:
     add("--budgets", default="8192,16384", help="comma-separated --max-batch-tokens values, one server each")
     add("--stall-s", type=float, default=60.0, help="no row settled this long: the run counts as stalled")
     add("--append", action="store_true", help="add to the runs already in --out")
+    add("--regenerate-runs", type=int, default=2, help="hsextract regenerate runs per server, before its extractions (0: none)")
+    add("--regenerate-rows", type=int, default=512, help="conversations each regeneration run regenerates")
+    add("--regenerate-new-tokens", type=int, default=128, help="regeneration's --max-new-tokens")
+    add("--regenerate-timeout-s", type=float, default=300.0, help="a regeneration run still going after this fails")
     e2e.add_workload_args(parser)
     add("--cpu-smoke", action="store_true", help="toy sizes on the CPU: checks the script, measures nothing")
     args = parser.parse_args()
     if args.cpu_smoke:
         args.rows, args.median, args.longest, args.max_seq_len, args.budgets = 64, 60, 300, 200, "512,1024"
         args.chunked_prefill_size, args.concurrency, args.runs = 128, 16, 2
+        args.regenerate_rows, args.regenerate_new_tokens = 16, 8
     return e2e.finish_args(args)
 
 
@@ -138,7 +214,9 @@ def main() -> int:
     args = parse_args()
     e2e.SAMPLER = e2e.GpuSampler()
     results = e2e.Results(args.out)
-    runs: list[dict[str, Any]] = json.loads(args.out.read_text()).get("runs", []) if args.append and args.out.exists() else []
+    previous = json.loads(args.out.read_text()) if args.append and args.out.exists() else {}
+    runs: list[dict[str, Any]] = previous.get("runs", [])
+    regenerations: list[dict[str, Any]] = previous.get("regenerations", [])
     args.disk_dir.mkdir(parents=True, exist_ok=True)
     tmpfs = Path(tempfile.mkdtemp(prefix="hsx-soak-", dir=args.tmpfs_dir))
     disk = Path(tempfile.mkdtemp(prefix="hsx-soak-", dir=args.disk_dir))
@@ -146,6 +224,8 @@ def main() -> int:
     results.update(hardware=e2e.hardware(args), config=config)
     try:
         e2e.make_model(tmpfs / "model", args, torch.device(args.device))
+        write_tokenizer(tmpfs / "model", "llama3", args.vocab)  # regeneration renders its prompts with it
+        make_sample_conversations(tmpfs / "conversations.jsonl", num=args.regenerate_rows, style="messages")
         if args.device == "cuda":
             torch.cuda.empty_cache()
         data = tmpfs / "data.jsonl"
@@ -157,6 +237,8 @@ def main() -> int:
             server, url = start_server(tmpfs / "model", tmpfs / f"dumps-{budget}", args, budget, server_log)
             try:
                 e2e.wait_healthy(url, server, server_log)
+                regenerations += regenerate(url, tmpfs, args, budget, server)
+                results.update(regenerations=regenerations, summary=summarize(runs, regenerations))
                 for run in range(1, args.runs + 1):
                     stacks = args.out.with_name(f"{args.out.stem}-stacks-{budget}-{run}.txt")
                     record = {"max_batch_tokens": budget, "run": run}
@@ -164,24 +246,25 @@ def main() -> int:
                     runs.append(record)
                     log.info("%s", record)
                     shutil.rmtree(disk / "out", ignore_errors=True)
-                    results.update(runs=runs, summary=summarize(runs))
+                    results.update(runs=runs, summary=summarize(runs, regenerations))
                     if record["stalls"]:
                         break  # the stacks are taken; a stalled server is not measured further
             finally:
                 e2e.stop_server(server)
-        summary = summarize(runs)
+        summary = summarize(runs, regenerations)
         print(json.dumps(summary, indent=1))
     finally:
         shutil.rmtree(tmpfs, ignore_errors=True)
         shutil.rmtree(disk, ignore_errors=True)
-    if summary["failed_runs"]:
-        log.error("%d of %d runs did not end complete (a stop, e.g. the spot check's, or a stall): the soak fails",
-                  summary["failed_runs"], summary["runs"])  # fmt: skip
+    if summary["failed_runs"] or summary["failed_regenerations"]:
+        log.error("%d of %d runs did not end complete (a stop, e.g. the spot check's, or a stall), %d of %d regenerations "
+                  "did not end complete with every row ok: the soak fails", summary["failed_runs"], summary["runs"],
+                  summary["failed_regenerations"], summary["regenerations"])  # fmt: skip
         return 1
     return 0
 
 
-def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(runs: list[dict[str, Any]], regenerations: list[dict[str, Any]]) -> dict[str, Any]:
     by_budget: dict[str, Any] = {}
     for budget in sorted({r["max_batch_tokens"] for r in runs}):
         rates = [r["tokens_per_s"] for r in runs if r["max_batch_tokens"] == budget]
@@ -202,6 +285,12 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "late_answers": sum(r["late_answers"] for r in runs),
         "watchdog_resends": sum(r["watchdog_resends"] for r in runs),
         "by_max_batch_tokens": by_budget,
+        "regenerations": len(regenerations),
+        "failed_regenerations": sum(r["failed"] for r in regenerations),
+        "regeneration_generated_tokens_per_s": [r["generated_tokens_per_s"] for r in regenerations],
+        "regeneration_same_as_first_run_min": min(
+            (r["same_as_first_run"] for r in regenerations if "same_as_first_run" in r), default=None
+        ),
     }
 
 
