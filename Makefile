@@ -106,7 +106,7 @@ bench-gpu:  ## on a GPU host: the SGLang hook's forward-thread hold time and dum
 	PYTHONPATH=extractor $(or $(GPU_PYTHON),python3) bench/bench_hook_gpu.py --out bench/results-gpu.json
 
 # BENCH_ARGS e.g. "--disk-dir /data/scratch --tmpfs-dir /dev/shm" (about 60 GB free on each; it checks first)
-# SOAK=1: the soak mode instead (issue 16): back-to-back runs per --max-batch-tokens, stalls counted; bench/results-gpu-soak.json
+# SOAK=1: the soak mode instead (issue 16): back-to-back runs per --max-batch-tokens, stalls counted, each server regenerating first; bench/results-gpu-soak.json
 # FP8=1: the speculators format stored as bf16 and as FP8 side by side (issue 17); bench/results-gpu-fp8.json
 # BENCH_ARGS="--sync-pairs 3": also (s), the power-loss fsyncs' cost (runs of (b) with and without them, issue 36)
 # BENCH_ARGS="--pack-pairs 2": also (p), pack processes against the row threads alone (runs of (c) in alternating order, issue 37)

@@ -1,0 +1,44 @@
+"""bench/bench_gpu_soak.py --cpu-smoke: the regeneration runs of each server are recorded beside its extractions, and
+a regeneration that does not end (past --regenerate-timeout-s) fails the soak. Speed is not checked."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def soak(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    out = tmp_path / "results-gpu-soak.json"
+    path = [str(REPO / "extractor"), str(REPO / "bench"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    command = [sys.executable, str(REPO / "bench" / "bench_gpu_soak.py"), "--cpu-smoke", "--out", str(out),
+               "--disk-dir", str(tmp_path / "disk"), "--tmpfs-dir", str(tmp_path), *extra]  # fmt: skip
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600), out
+
+
+def test_each_server_regenerates_every_row_before_its_extractions(tmp_path: Path) -> None:
+    done, out = soak(tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = json.loads(out.read_text())
+    regenerations = results["regenerations"]
+    assert [(r["max_batch_tokens"], r["run"]) for r in regenerations] == [(512, 1), (512, 2), (1024, 1), (1024, 2)]
+    assert all(r["exit_code"] == 0 and not r["failed"] and r["rows_ok"] == 16 for r in regenerations)
+    assert all(r["generated_tokens"] > 0 for r in regenerations)
+    assert all(0.0 <= r["same_as_first_run"] <= 1.0 for r in regenerations)
+    assert results["summary"]["failed_regenerations"] == 0
+    assert results["summary"]["failed_runs"] == 0 and len(results["runs"]) == 4
+
+
+def test_a_regeneration_past_its_timeout_fails_the_soak_with_the_stacks_in_its_log(tmp_path: Path) -> None:
+    done, out = soak(tmp_path, "--regenerate-timeout-s", "0.5", "--regenerate-runs", "1")
+    assert done.returncode == 1
+    results = json.loads(out.read_text())
+    assert all(r["failed"] and r["exit_code"] is None for r in results["regenerations"])
+    assert results["summary"]["failed_regenerations"] == 2
+    assert "the soak fails" in done.stderr
+    assert "Thread" in (tmp_path / "results-gpu-soak-regen-512-1.log").read_text()  # faulthandler's stacks
