@@ -122,7 +122,7 @@ def test_all_finite_reads_views_in_place_and_only_what_they_show(dtype: torch.dt
     them without a copy): a bad value outside a view is not the view's, one inside is found, in any chunk."""
     import hsextract.contract.files.finite as finite
 
-    monkeypatch.setattr(finite, "_CHUNK", 64)  # many leading-axis chunks of a small tensor
+    monkeypatch.setattr(finite, "_CHUNK_BYTES", 128)  # many leading-axis chunks of a small tensor
     hidden = torch.randn(50, K + 1, H).to(dtype)
     hidden[7, K, 2] = float("nan")  # in the final slot only
     aux, final = hidden[:, :-1], hidden[:, -1]

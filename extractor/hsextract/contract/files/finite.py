@@ -17,7 +17,9 @@ _EXPONENT_BITS = {
     torch.float32: (torch.int32, 0x7F800000),
     fp8.FP8_DTYPE: (torch.uint8, 0x7F),  # e4m3fn has no infinity: NaN is S.1111.111
 }
-_CHUNK = 1 << 22  # elements per pass: bounded temporaries
+# Bytes per pass: the masked copy of a chunk stays in the core's cache. 4 Mi elements a pass (8 MiB of bfloat16)
+# ran at 9 GB/s on one core, 512 KiB at 17-20 GB/s for bfloat16, float32 and FP8 alike (64 KiB: 14-18)
+_CHUNK_BYTES = 1 << 19
 
 
 def all_finite(tensor: torch.Tensor) -> bool:
@@ -33,7 +35,7 @@ def all_finite(tensor: torch.Tensor) -> bool:
     # cost a bfloat16 row of a 384-wide model 7 ms on the CPU, against 0.04 ms for the pass itself
     bits = tensor.view(int_dtype).numpy()
     if tensor.is_contiguous():
-        bits = bits.reshape(-1)  # free: chunks of _CHUNK elements
-    step = max(1, _CHUNK // max(1, bits[0].size))  # leading-axis slices of at most about _CHUNK elements
+        bits = bits.reshape(-1)  # free: chunks of _CHUNK_BYTES
+    step = max(1, _CHUNK_BYTES // max(1, bits[0].nbytes))  # leading-axis slices of at most about _CHUNK_BYTES
     chunks = (bits[start : start + step] for start in range(0, bits.shape[0], step))
     return all(int(np.bitwise_and(chunk, mask).max()) != mask for chunk in chunks)
