@@ -358,20 +358,24 @@ class RowWorker:
         grace starts again while another row of its POST is not dumped: the POST is answered once all are."""
         pending.dumped()
         with self._lock:
-            self._grace(pending, entry)
+            self._lingering[pending] = (entry, time.monotonic() + self.config.answer_grace_s)
+        self._settle_after_grace(pending)
 
-    def _grace(self, pending: PendingAnswer, entry: OpenRequest) -> None:
-        """Under ``_lock``: ``answer_grace_s`` more for the row's answer, then :meth:`_settle_answer`."""
-        grace = self.config.answer_grace_s
-        self._lingering[pending] = (entry, time.monotonic() + grace)
-        self.client.later(grace, functools.partial(self._settle_answer, pending))
+    def _settle_after_grace(self, pending: PendingAnswer) -> None:
+        """:meth:`_settle_answer` once ``answer_grace_s`` has passed; scheduled outside ``_lock``, which every
+        dumped row takes (the timer's own lock and wake-up stay out of it)."""
+        self.client.later(self.config.answer_grace_s, functools.partial(self._settle_answer, pending))
 
     def _settle_answer(self, pending: PendingAnswer, final: bool = False) -> None:
+        renewed = False
         with self._lock:
             lingering = self._lingering.pop(pending, None)
             if lingering is not None and not pending.done() and not final and pending.waits_for_other_rows():
-                self._grace(pending, lingering[0])
-                return
+                self._lingering[pending] = (lingering[0], time.monotonic() + self.config.answer_grace_s)
+                renewed = True
+        if renewed:
+            self._settle_after_grace(pending)
+            return
         if lingering is not None and not pending.done():
             entry, _ = lingering
             self.ledger.answer_late(entry.row, entry.rid, self.config.answer_grace_s)
