@@ -91,8 +91,8 @@ def regenerate_run(
             child.wait()
             code = None
     seconds = time.perf_counter() - started
-    summary = json.loads((output.parent / f"{output.name}.journal" / "summary.json").read_text()) if code == 0 else {}
-    counts = summary.get("counts", summary)
+    # OUTPUT.journal/summary.json, written last by a complete run (the CLI's --output help names the folder)
+    counts = json.loads((output.parent / f"{output.name}.journal" / "summary.json").read_text())["counts"] if code == 0 else {}
     return {
         "exit_code": code,
         "failed": code != 0 or counts.get("ok") != args.regenerate_rows,
