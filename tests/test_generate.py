@@ -15,7 +15,7 @@ import torch
 import transformers
 
 from hsextract.capture.embedded import decode
-from hsextract.contract.generate import GenerationAnswer, GenerationRequest, SamplingParams
+from hsextract.contract.generate import GenerationAnswer, GenerationRequest, SamplingParams, duplicate_rid_message, error_body
 from hsextract.contract.rids import make_rid
 from hsextract.errors import BadSampleError
 from hsextract.extract.requests.generation_client import generate
@@ -175,3 +175,36 @@ def test_the_engine_turns_cudnn_attention_off_unless_asked(model_dir, start_serv
     start_server(model, cudnn_attention=True)
     assert torch.backends.cuda.cudnn_sdp_enabled()
     torch.backends.cuda.enable_cudnn_sdp(True)  # PyTorch's default, for the tests after this one
+
+
+def test_a_rid_still_decoding_refuses_a_body_that_repeats_it_on_either_route_and_holds_none_of_its_rids(
+    model_dir, start_server
+) -> None:  # type: ignore[no-untyped-def]
+    """Two requests of one rid at once would answer one request twice or write one dump twice: while a decode
+    runs, a body repeating its rid is refused whole, naming it, on both /generate routes, and the body's
+    other rids stay free (a body's rids are taken whole or not at all)."""
+    server = start_server(model_dir("llama"))
+    decoder = server.engine.decoder
+    prompt = _prompts()[0]
+    long = SamplingParams(max_new_tokens=1500, temperature=0.0, ignore_eos=True)  # seconds of decode: the refusals take ms
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(_generate, server.url, GenerationRequest("busy", prompt, long))
+        deadline = time.monotonic() + 60
+        while not decoder.running_gauge._value.get():
+            assert time.monotonic() < deadline and not running.done(), "the long decode never ran"
+            time.sleep(0.01)
+        decoding = GenerationRequest.batch_json(
+            [GenerationRequest("free", prompt, GREEDY), GenerationRequest("busy", prompt, GREEDY)]
+        )
+        dumping = {
+            "input_ids": [prompt, prompt],
+            "rid": [make_rid(1, len(prompt)), "busy"],
+            "sampling_params": {"max_new_tokens": 0},
+        }
+        refusals = [httpx.post(server.url + "/generate", json=body, timeout=60) for body in (decoding, dumping)]
+        assert not running.done(), "the decode ended before both bodies were refused: make it longer"
+        assert len(running.result().output_ids) == long.max_new_tokens
+    for refused in refusals:
+        assert refused.status_code == 400 and refused.json() == error_body(400, duplicate_rid_message("busy"))
+    assert _generate(server.url, GenerationRequest("free", prompt, GREEDY)).output_ids
+    assert not list(server.dump_dir.iterdir())

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import threading
@@ -34,7 +33,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -45,6 +44,7 @@ from starlette.routing import Route
 
 from hsextract.capture.front.generate_route import answer_generation
 from hsextract.capture.front.protocol import ServedEngine
+from hsextract.capture.front.rids_in_flight import RidsInFlight
 from hsextract.capture.front.spot_check_route import answer_spot_check
 from hsextract.contract.generate import (
     GENERATE_PATH,
@@ -144,9 +144,7 @@ class _Routes:
         self.engine = engine
         self.drain = drain
         self.max_body_bytes = max_body_bytes
-        # rids the engine holds: from submit until its future is resolved (forward done, dump written)
-        self._rids: set[str] = set()
-        self._rids_lock = threading.Lock()
+        self.rids = RidsInFlight()
 
     async def generate(self, request: Request) -> Response:
         try:
@@ -162,20 +160,19 @@ class _Routes:
                 accept = request.headers.get("accept", "")
                 return await answer_spot_check(self.engine, body, self.drain, GENERATE_TIMEOUT_S, accept)
             if wants_decoding(body):  # max_new_tokens > 0: the decode scheduler (generate_route.py)
-                return await answer_generation(self.engine, body, self.drain, self._hold, self._let_go, GENERATE_TIMEOUT_S)
+                return await answer_generation(self.engine, body, self.drain, self.rids, GENERATE_TIMEOUT_S)
             parsed, batched = GenerateRequest.parse_batch(body, self.engine.vocab_size)
         except (ValueError, BadRequestError) as exc:  # ValueError: not JSON, not UTF-8
             return _error(400, str(exc))
-        for held, prompt in enumerate(parsed):
-            if not self._hold(prompt.rid):
-                for earlier in parsed[:held]:
-                    self._let_go(earlier.rid)
-                return _error(400, duplicate_rid_message(prompt.rid))
+        duplicate = self.rids.take([prompt.rid for prompt in parsed])
+        if duplicate is not None:
+            return _error(400, duplicate_rid_message(duplicate))
         futures = []
         for prompt in parsed:
             future = self.engine.submit(prompt.rid, prompt.input_ids, prompt.final_prenorm, prompt.storage)
-            future.add_done_callback(functools.partial(self._let_go_of, prompt.rid))
+            self.rids.release_when_done(prompt.rid, future)
             futures.append(future)
+
         def unfinished() -> str:
             return ", ".join(prompt.rid for prompt, future in zip(parsed, futures, strict=True) if not future.done())
 
@@ -198,21 +195,6 @@ class _Routes:
             except Exception as exc:
                 return _error(500, f"forward failed for {prompt.rid}: {type(exc).__name__}: {exc}")
         return JSONResponse(answers if batched else answers[0])
-
-    def _hold(self, rid: str) -> bool:
-        """Take ``rid`` for a new request; False while an earlier request of it is unfinished."""
-        with self._rids_lock:
-            if rid in self._rids:
-                return False
-            self._rids.add(rid)
-            return True
-
-    def _let_go(self, rid: str) -> None:
-        with self._rids_lock:
-            self._rids.discard(rid)
-
-    def _let_go_of(self, rid: str, _: Future[Any]) -> None:
-        self._let_go(rid)
 
     async def _body(self, request: Request) -> bytes:
         declared = request.headers.get("content-length")

@@ -8,12 +8,12 @@ context: its rid), 500 a failed forward, 503 a timeout or a shutdown.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Protocol, runtime_checkable
 
 from starlette.responses import JSONResponse, Response
 
+from hsextract.capture.front.rids_in_flight import RidsInFlight
 from hsextract.contract.generate import GenerationAnswer, GenerationRequest, duplicate_rid_message, error_body
 from hsextract.errors import BadRequestError
 
@@ -33,39 +33,29 @@ class Waiter(Protocol):
     async def wait(self, future: Future[Any], timeout: float) -> Any: ...
 
 
-def _releaser(let_go: Callable[[str], None], rid: str) -> Callable[[Future[GenerationAnswer]], None]:
-    return lambda _: let_go(rid)
-
-
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse(error_body(status, message), status_code=status)
 
 
-async def answer_generation(
-    engine: object, body: Any, drain: Waiter, hold: Callable[[str], bool], let_go: Callable[[str], None], timeout_s: float
-) -> Response:
-    """The response to a decoding ``/generate`` body; ``hold``/``let_go`` keep its rids unique while it runs."""
+async def answer_generation(engine: object, body: Any, drain: Waiter, rids: RidsInFlight, timeout_s: float) -> Response:
+    """The response to a decoding ``/generate`` body; ``rids`` keeps its rids unique while it runs."""
     if not isinstance(engine, GeneratingEngine):
         return _error(400, "this server does not decode: send sampling_params.max_new_tokens 0")
     try:
         requests, batched = GenerationRequest.parse_batch(body, engine.vocab_size)
     except BadRequestError as exc:
         return _error(400, str(exc))
-    held: list[str] = []
-    for request in requests:
-        if not hold(request.rid):
-            for rid in held:
-                let_go(rid)
-            return _error(400, duplicate_rid_message(request.rid))
-        held.append(request.rid)
+    held = [request.rid for request in requests]
+    duplicate = rids.take(held)
+    if duplicate is not None:
+        return _error(400, duplicate_rid_message(duplicate))
     try:
         futures = engine.generate(requests)
     except BadRequestError as exc:
-        for rid in held:
-            let_go(rid)
+        rids.release(held)
         return _error(400, str(exc))
-    for request, future in zip(requests, futures, strict=True):
-        future.add_done_callback(_releaser(let_go, request.rid))
+    for rid, future in zip(held, futures, strict=True):
+        rids.release_when_done(rid, future)
     answers: list[dict[str, Any]] = []
     for request, future in zip(requests, futures, strict=True):
         try:
