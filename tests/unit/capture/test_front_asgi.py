@@ -8,7 +8,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from hsextract.capture.front.asgi import Drain, ShuttingDown
+from hsextract.capture.front.drain import Drain, ShuttingDown
 
 
 def test_a_wait_returns_the_answer_set_from_another_thread() -> None:

@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from starlette.responses import JSONResponse, Response
 
+from hsextract.capture.front.drain import Drain, ShuttingDown
 from hsextract.capture.front.rids_in_flight import RidsInFlight
 from hsextract.contract.generate import GenerationAnswer, GenerationRequest, duplicate_rid_message, error_body
 from hsextract.errors import BadRequestError
@@ -25,19 +26,11 @@ class GeneratingEngine(Protocol):
     def generate(self, requests: list[GenerationRequest]) -> list[Future[GenerationAnswer]]: ...
 
 
-class Waiter(Protocol):
-    """:class:`~hsextract.capture.front.asgi.Drain`: the wait that ends at a timeout or shutdown."""
-
-    grace_s: float
-
-    async def wait(self, future: Future[Any], timeout: float) -> Any: ...
-
-
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse(error_body(status, message), status_code=status)
 
 
-async def answer_generation(engine: object, body: Any, drain: Waiter, rids: RidsInFlight, timeout_s: float) -> Response:
+async def answer_generation(engine: object, body: Any, drain: Drain, rids: RidsInFlight, timeout_s: float) -> Response:
     """The response to a decoding ``/generate`` body; ``rids`` keeps its rids unique while it runs."""
     if not isinstance(engine, GeneratingEngine):
         return _error(400, "this server does not decode: send sampling_params.max_new_tokens 0")
@@ -62,9 +55,9 @@ async def answer_generation(engine: object, body: Any, drain: Waiter, rids: Rids
             answer: GenerationAnswer = await drain.wait(future, timeout_s)
         except TimeoutError:
             return _error(503, f"request {request.rid} timed out in the embedded server")
+        except ShuttingDown:
+            return _error(503, f"server shutting down: request {request.rid} was not finished; send it again")
         except Exception as exc:
-            if type(exc).__name__ == "ShuttingDown":
-                return _error(503, f"server shutting down: request {request.rid} was not finished; send it again")
             return _error(500, f"decode failed for {request.rid}: {type(exc).__name__}: {exc}")
         answers.append(answer.to_json())
     return JSONResponse(answers if batched else answers[0])

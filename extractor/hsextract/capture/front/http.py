@@ -28,7 +28,8 @@ from types import FrameType
 
 import uvicorn
 
-from hsextract.capture.front.asgi import MAX_BODY_BYTES, Drain, build_app
+from hsextract.capture.front.asgi import MAX_BODY_BYTES, build_app
+from hsextract.capture.front.drain import Drain
 from hsextract.capture.front.protocol import ServedEngine
 
 log = logging.getLogger(__name__)

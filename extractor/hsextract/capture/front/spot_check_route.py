@@ -12,7 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from starlette.responses import JSONResponse, Response
 
-from hsextract.capture.front.generate_route import Waiter
+from hsextract.capture.front.drain import Drain, ShuttingDown
 from hsextract.contract.generate import error_body
 from hsextract.contract.spot_check import STATES_MEDIA_TYPE, SpotCheckAnswer, SpotCheckRequest
 from hsextract.errors import BadRequestError
@@ -29,7 +29,7 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse(error_body(status, message), status_code=status)
 
 
-async def answer_spot_check(engine: object, body: Any, drain: Waiter, timeout_s: float, accept: str = "") -> Response:
+async def answer_spot_check(engine: object, body: Any, drain: Drain, timeout_s: float, accept: str = "") -> Response:
     """The response to a ``return_hidden_states`` body; binary when ``accept`` (the request's header) names it."""
     if not isinstance(engine, SpotCheckingEngine):
         return _error(400, "this server does not return hidden states: leave return_hidden_states out")
@@ -42,9 +42,9 @@ async def answer_spot_check(engine: object, body: Any, drain: Waiter, timeout_s:
         answer: SpotCheckAnswer = await drain.wait(future, timeout_s)
     except TimeoutError:
         return _error(503, f"request {request.rid} timed out in the embedded server")
+    except ShuttingDown:
+        return _error(503, f"server shutting down: request {request.rid} was not finished; send it again")
     except Exception as exc:
-        if type(exc).__name__ == "ShuttingDown":
-            return _error(503, f"server shutting down: request {request.rid} was not finished; send it again")
         return _error(500, f"forward failed for {request.rid}: {type(exc).__name__}: {exc}")
     if STATES_MEDIA_TYPE in accept:
         return Response(answer.to_states_bytes(), media_type=STATES_MEDIA_TYPE)
