@@ -32,3 +32,21 @@ def test_a_whole_batch_of_its_own_outputs_is_handed_on_as_it_is_and_a_graphs_out
     rows, _ = batch.picker([0, 1], CPU, own_outputs=False)  # the next replay overwrites them: copied out
     picked = rows(output)
     assert picked.data_ptr() != output.data_ptr() and torch.equal(picked, output.reshape(4, 3))
+
+
+def test_ids_and_rows_match_a_token_by_token_reference_on_uneven_prompts_and_members() -> None:
+    """The vectorised padding and picking against the plain per-token loops, for any subset of requests in any order."""
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, 50_000, (n,), generator=generator).tolist() for n in (7, 1, 300, 64, 5, 129)]
+    batch = PaddedBatch.of(prompts, shape=(8, 320))
+    expected = torch.zeros(8, 320, dtype=torch.int64)
+    for slot, prompt in enumerate(prompts):
+        for place, token in enumerate(prompt):
+            expected[slot, place] = token
+    assert torch.equal(batch.ids, expected) and batch.lengths == [len(p) for p in prompts]
+    output = torch.randn(8, 320, 3)
+    for members in ([5, 0, 2], [1], [3, 4, 1, 0, 2, 5], [2, 2]):
+        rows, ids = batch.picker(members, CPU, own_outputs=False)
+        assert ids.tolist() == [token for i in members for token in prompts[i]]
+        assert torch.equal(rows(output), torch.cat([output[i, : len(prompts[i])] for i in members]))
+    assert PaddedBatch.of([[]], shape=(1, 4)).ids.tolist() == [[0] * 4]
