@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -79,6 +81,28 @@ def test_a_row_packed_in_a_process_is_the_file_its_own_thread_writes(packer: Pac
     here = pack_row(on_thread, tmp_path / "thread", job.sample, job.directory, Expectations(EXPECT))
     assert here.written == packed.written  # size and checksum
     assert fmt.sample_path(5).read_bytes() == on_thread.sample_path(5).read_bytes()
+
+
+def test_a_row_packed_on_a_request_thread_is_the_file_a_process_writes_without_zip_crcs(
+    packer: PackProcesses, tmp_path: Path
+) -> None:
+    """torch keeps its save settings per thread (a ContextVar): the setting made where the format was opened did not
+    reach the request threads, which computed every record's CRC32 (a third of a wide row's pack) and wrote other
+    bytes than a pack process for the same row."""
+    packed = packer.pack(_job(tmp_path, 6))
+    on_thread = open_format("specforge", tmp_path / "thread")
+    job = _job(tmp_path, 6)
+    results: list[object] = []
+    worker = threading.Thread(
+        target=lambda: results.append(pack_row(on_thread, tmp_path / "thread", job.sample, job.directory, Expectations(EXPECT)))
+    )
+    worker.start()
+    worker.join()
+    (here,) = results
+    assert packed is not None and getattr(here, "written", None) == packed.written  # size and checksum
+    assert packer._fmt.sample_path(6).read_bytes() == on_thread.sample_path(6).read_bytes()
+    with zipfile.ZipFile(on_thread.sample_path(6)) as archive:
+        assert {info.filename: info.CRC for info in archive.infolist() if info.CRC} == {}
 
 
 def test_an_error_in_a_process_comes_back_whole_and_the_process_stays(packer: PackProcesses, tmp_path: Path) -> None:

@@ -63,6 +63,8 @@ def specforge_run_config(trainer: dict[str, Any], output: Path, model: str) -> s
 def _skip_zip_crc() -> None:
     # torch.save computes a CRC32 over every byte it writes: an extra pass that costs about a
     # third of the pack stage (bench/). torch.load does not need it; files load the same.
+    # torch keeps the setting per thread (a ContextVar), so each write sets it on its own thread:
+    # set once where the format was opened, the request threads went on computing it.
     try:
         from torch.utils.serialization import config
 
@@ -115,15 +117,6 @@ class SpecForgeFormat(OutputFormat):
     def write_trainer_files(cls, trainer: dict[str, Any], output: Path, model: str) -> None:
         atomic_write_bytes(Path(output) / SPECFORGE_RUN_CONFIG, specforge_run_config(trainer, output, model).encode())
 
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
-        _skip_zip_crc()
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        # unpickled in a pack process, never constructed there: its files must be the bytes a row thread's are
-        self.__dict__.update(state)
-        _skip_zip_crc()
-
     def sample_path(self, row: int) -> Path:
         group = row // ROWS_PER_DIR * ROWS_PER_DIR
         return self.root / f"rows_{group}-{group + ROWS_PER_DIR}" / f"data_{row}.ckpt"
@@ -147,6 +140,7 @@ class SpecForgeFormat(OutputFormat):
                 # Through a file object torch names the archive "archive", not after the temp file:
                 # the same sample gives the same bytes in every run (and we hash them on the way).
                 writer = HashingWriter(handle)
+                _skip_zip_crc()  # on this thread: the same bytes on every thread and in every pack process
                 torch.save(record, writer)  # type: ignore[arg-type]  # any object with write() will do
             os.replace(tmp, path)  # synced by the row worker once the dump is freed, before the row is recorded
         except BaseException:
