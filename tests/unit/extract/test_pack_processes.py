@@ -21,7 +21,7 @@ from hsextract.contract.states import ErrorReason
 from hsextract.errors import DumpError, PackProcessError
 from hsextract.extract.checks.dump_checks import DumpExpectation, Expectations
 from hsextract.extract.pack_processes import PackProcesses
-from hsextract.extract.packing import PackJob, pack_row
+from hsextract.extract.packing import Packed, PackJob, pack_row
 from hsextract.output.formats import open_format
 from hsextract.output.sample import Sample
 
@@ -92,14 +92,14 @@ def test_a_row_packed_on_a_request_thread_is_the_file_a_process_writes_without_z
     packed = packer.pack(_job(tmp_path, 6))
     on_thread = open_format("specforge", tmp_path / "thread")
     job = _job(tmp_path, 6)
-    results: list[object] = []
+    results: list[Packed] = []
     worker = threading.Thread(
         target=lambda: results.append(pack_row(on_thread, tmp_path / "thread", job.sample, job.directory, Expectations(EXPECT)))
     )
     worker.start()
     worker.join()
     (here,) = results
-    assert packed is not None and getattr(here, "written", None) == packed.written  # size and checksum
+    assert packed is not None and here.written == packed.written  # size and checksum
     assert packer._fmt.sample_path(6).read_bytes() == on_thread.sample_path(6).read_bytes()
     with zipfile.ZipFile(on_thread.sample_path(6)) as archive:
         assert {info.filename: info.CRC for info in archive.infolist() if info.CRC} == {}
