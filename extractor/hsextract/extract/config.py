@@ -21,11 +21,6 @@ from hsextract.output.formats import DEFAULT_FORMAT, FORMAT_NAMES
 #: pack processes (``pack_processes`` unset) only for runs with this many rows to do: a process takes a second or
 #: more to start (it imports torch), which a short run would spend for nothing
 PACK_PROCESSES_FROM_ROWS = 512
-#: rows whose dump is larger go to no pack process. What a process saves is per-row Python under the request threads'
-#: one interpreter lock (short rows of 1.7 MB went 1.66x as fast with 4 processes on one H200); a large row's time is
-#: copies and checks, which the threads already run in parallel (they let go of the lock) and a process runs on one
-#: torch thread. The large rows' own pair is not measured yet (bench/results-gpu-e2e-graphs.json, call 4)
-PACK_PROCESS_MAX_ROW_BYTES = 8 << 20
 #: rows_per_request's default (bench/results-row-cost.json, "rows_per_request")
 ROWS_PER_REQUEST = 16
 
@@ -106,8 +101,7 @@ class ExtractConfig(StrictConfig):
         le=64,
         description="processes that read, check and write the dumps beside the request threads, each with its own "
         "interpreter lock (0: on the request threads; default: a quarter of the CPUs, 1 to 8, for runs of "
-        f"{PACK_PROCESSES_FROM_ROWS} rows or more, else 0); a row whose dump is over "
-        f"{PACK_PROCESS_MAX_ROW_BYTES >> 20} MiB is always packed on its request thread",
+        f"{PACK_PROCESSES_FROM_ROWS} rows or more, else 0)",
     )
     sort_window: int = Field(
         2048, gt=0, description="rows read ahead and sent shortest first, so batches carry little padding (1: dataset order)"

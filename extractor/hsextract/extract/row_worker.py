@@ -36,9 +36,9 @@ from hsextract.errors import (
     SpotCheckMismatchError,
     TransientServerError,
 )
-from hsextract.extract.checks.dump_checks import DumpExpectation, Expectations
+from hsextract.extract.checks.dump_checks import Expectations
 from hsextract.extract.checks.spot_check import SpotChecker
-from hsextract.extract.config import PACK_PROCESS_MAX_ROW_BYTES, ExtractConfig
+from hsextract.extract.config import ExtractConfig
 from hsextract.extract.ledger import Ledger
 from hsextract.extract.metrics import ExtractMetrics
 from hsextract.extract.pack_processes import PackProcesses
@@ -55,23 +55,18 @@ log = logging.getLogger(__name__)
 #: polling the dump directory while the request is open: first after this, then doubling up to the cap
 FIRST_POLL_S = 0.1
 MAX_POLL_S = 0.25
-#: small rows (PACK_PROCESS_MAX_ROW_BYTES) packed on row threads at once, beside one in each pack process. Their
-#: packing is Python under the one interpreter lock, which it lets go around every system call and torch operation:
-#: with 256 rows in flight, every row thread whose dump was in took and gave back the lock in turn, and the switches
-#: cost more than the work (``make bench-row-cost``: the extractor's CPU a row 3.3 ms, against 1.8 with 32 in flight)
-SMALL_ROWS_ON_THREADS = 2
+#: rows packed on row threads at once, beside one in each pack process. Packing is Python under the one interpreter
+#: lock, which it lets go around every system call and torch operation: with 256 rows in flight, every row thread whose
+#: dump was in took and gave back the lock in turn, and the switches cost more than the work (``make bench-row-cost``:
+#: the extractor's CPU a short row 3.3 ms, against 1.8 with 32 in flight; a wide row's finite check, a lock handover
+#: every 512 KiB, held 46 threads at once on one H200, bench/results-gpu-e2e-wide.json)
+ROWS_PACKED_ON_THREADS = 2
 #: how long a row waits for the server to let go of an earlier request of its rid: SGLang notices a
 #: closed connection within about 4 s (SGLANG_REQUEST_STATE_WAIT_TIMEOUT) and then aborts it; the
 #: embedded server holds it until that forward is done
 RID_RELEASE_TIMEOUT_S = 60.0
 #: waiting for a dump after the answer (normally milliseconds): how often to check the server is still up
 LIVENESS_PROBE_S = 10.0
-
-
-def _small(expect: DumpExpectation, tokens: int) -> bool:
-    """Whether a dump of ``tokens`` tokens is small enough for a pack process (PACK_PROCESS_MAX_ROW_BYTES says why)."""
-    size = expect.dump_bytes(tokens)
-    return size is not None and size <= PACK_PROCESS_MAX_ROW_BYTES
 
 
 class _Resend(Exception):
@@ -112,8 +107,8 @@ class RowWorker:
         self._lock = threading.Lock()
         # rows written before their answer came: the row and when its grace ends (time.monotonic)
         self._lingering: dict[PendingAnswer, tuple[OpenRequest, float]] = {}
-        # small rows packed at once: one in each pack process and SMALL_ROWS_ON_THREADS more (it says why)
-        self._small_rows = threading.Semaphore(SMALL_ROWS_ON_THREADS + (packer.processes if packer is not None else 0))
+        # rows packed at once: one in each pack process and ROWS_PACKED_ON_THREADS more (it says why)
+        self._pack_turns = threading.Semaphore(ROWS_PACKED_ON_THREADS + (packer.processes if packer is not None else 0))
 
     def process(self, sample: Sample, row_hash: str) -> None:
         rid = make_rid(sample.row, len(sample.input_ids), self.config.rid_prefix)
@@ -183,23 +178,20 @@ class RowWorker:
 
     # -- packing --------------------------------------------------------------------------------------
     def _pack(self, sample: Sample, directory: Path) -> Packed:
-        """Read, check and write the row's complete dump. A small one (PACK_PROCESS_MAX_ROW_BYTES), once the run knows
-        what every dump must be, waits for one of ``_small_rows``, then goes to an idle pack process, else this thread;
-        any other on this thread at once."""
+        """Read, check and write the row's complete dump: it waits for one of ``_pack_turns``, then goes to an idle
+        pack process once the run knows what every dump must be, else to this thread."""
         output = self.config.output
-        expect = self.expectations.known()
-        if expect is None or not _small(expect, len(sample.input_ids)):
-            return pack_row(self.fmt, output, sample, directory, self.expectations)
         with self.metrics.stage("turn"):
-            self._small_rows.acquire()
+            self._pack_turns.acquire()
         try:
-            packed = None if self.packer is None else self.packer.pack(PackJob(sample, directory, expect))
+            expect = self.expectations.known()
+            packed = None if self.packer is None or expect is None else self.packer.pack(PackJob(sample, directory, expect))
             if packed is not None:
                 self.metrics.packed_in_process.inc()
             else:
                 packed = pack_row(self.fmt, output, sample, directory, self.expectations, sync=False)
         finally:
-            self._small_rows.release()
+            self._pack_turns.release()
         sync_sample_file(self.fmt, output, sample, packed)  # outside: a slow disk's fsyncs run in parallel
         return packed
 

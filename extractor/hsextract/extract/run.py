@@ -58,6 +58,7 @@ from hsextract.extract.requests.open_requests import OpenRequests, StallWatchdog
 from hsextract.extract.requests.server_gate import ServerGate
 from hsextract.extract.row_worker import RowWorker
 from hsextract.extract.setup import RunSetup
+from hsextract.extract.torch_threads import one_torch_thread
 from hsextract.output.data_config import write_data_config
 from hsextract.output.formats import format_class
 from hsextract.output.formats.base import OutputFormat
@@ -172,7 +173,8 @@ class Extraction:
             setup = prepare(cfg, self.client, self.metrics, self.stop)
             make_directory(cfg.output, "output", "--output")
             lock.acquire()
-            return self._run_locked(started, setup)
+            with one_torch_thread():
+                return self._run_locked(started, setup)
         finally:
             self._finished.set()
             self.client.close()

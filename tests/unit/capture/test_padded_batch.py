@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import torch
 
 from hsextract.capture.embedded.padded_batch import PaddedBatch
@@ -50,3 +54,26 @@ def test_ids_and_rows_match_a_token_by_token_reference_on_uneven_prompts_and_mem
         assert ids.tolist() == [token for i in members for token in prompts[i]]
         assert torch.equal(rows(output), torch.cat([output[i, : len(prompts[i])] for i in members]))
     assert PaddedBatch.of([[]], shape=(1, 4)).ids.tolist() == [[0] * 4]
+
+
+def test_padding_and_picking_wake_no_intra_op_threads() -> None:
+    """Torch ran the index of a batch of a few thousand tokens on its intra-op threads; on a 16-core host each batch
+    woke 15 of them, which spun waiting for more (one H200: 46 ms of the server's user CPU a wide row, was 7). The
+    scheduler's bookkeeping starts none: in a fresh process allowed 4 of them, its thread count stays the same."""
+    script = """
+import os, torch
+from hsextract.capture.embedded.padded_batch import PaddedBatch
+torch.set_num_threads(4)
+threads = lambda: len(os.listdir("/proc/self/task"))
+before = threads()
+prompts = [list(range(1, n + 1)) for n in (4000, 3000, 2500, 900, 6000)]
+for _ in range(3):
+    batch = PaddedBatch.of(prompts, shape=(8, 6144))
+    rows, ids = batch.picker([4, 0, 2], torch.device("cpu"), own_outputs=False)
+    assert ids.shape == (12500,)
+print(before, threads())
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=True)
+    before, after = result.stdout.split()
+    assert after == before, f"the padded batch started {int(after) - int(before)} threads"
