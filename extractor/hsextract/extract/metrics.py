@@ -16,7 +16,7 @@ from hsextract.ports import serve_metrics
 #: the ``status`` label values of ``hsextract_samples_total``
 SAMPLE_STATUSES = ("ok", "bad_input", "failed", "resumed")
 
-#: per-sample stages of the extractor, in order (turn: only small rows; spot_check: only the rows checked)
+#: per-sample stages of the extractor, in order (spot_check: only the rows checked, which take no turn)
 STAGES = ("request", "wait_dump", "turn", "read", "verify", "spot_check", "pack", "sync")
 
 #: the ``result`` label values of ``hsextract_spot_checks_total``
@@ -68,7 +68,7 @@ class ExtractMetrics:
         self.stage_seconds = Histogram(
             "hsextract_stage_seconds",
             "Seconds per sample in each extractor stage: request (until the server answered or the dump was complete), "
-            "wait_dump (after the answer, until its dump was complete; 0 when the dump came first), turn (a small row's "
+            "wait_dump (after the answer, until its dump was complete; 0 when the dump came first), turn (a row's "
             "wait for its turn to be packed), read (the dump), "
             "verify (check it), spot_check (ask the engine for its own states of the row and compare them; checked rows "
             "only), pack (write the output file), sync (wait for the file to reach the disk before its record is kept)",

@@ -10,13 +10,13 @@ of their own (:mod:`hsextract.extract.pack_worker`). A row's thread borrows an i
 (``queue.SimpleQueue``: no lock to wait on), sends it the job over the process's socket, waits for the answer
 and gives the process back. Only the job crosses: the sample's ids, the dump's path, and what the dump must
 be. The process reads the dump from the dump directory itself and writes the sample file; the row's thread
-syncs the file once it has let go of its turn (row_worker's ``SMALL_ROWS_ON_THREADS``), so the fsyncs of a slow disk
+syncs the file once it has let go of its turn (row_worker's ``ROWS_PACKED_ON_THREADS``), so the fsyncs of a slow disk
 overlap and hold no process. An error comes back whole, and the row's thread handles it as before (retry, skip, stop).
 
-A small row first waits for a turn: the run has one per process and ``SMALL_ROWS_ON_THREADS`` more
+A row first waits for a turn: the run has one per process and ``ROWS_PACKED_ON_THREADS`` more
 (:mod:`hsextract.extract.row_worker` says why). When no process is idle (all busy, or still starting: each imports
-torch, a second or more) the row is packed on its own thread. Wide rows (tens of MB, where the threads spend most of
-their time in copies and writes that let go of the lock) take no turn and keep the many threads. A process that
+torch, a second or more) the row is packed on its own thread. Wide rows (tens of MB) take a turn too: on their threads
+at once, their finite checks handed the lock over every 512 KiB among dozens of threads. A process that
 dies (killed, out of memory) fails the row it held with
 :class:`~hsextract.errors.PackProcessError`, which is retried, and a new process takes its place.
 """
