@@ -59,7 +59,7 @@ MAX_POLL_S = 0.25
 #: lock, which it lets go around every system call and torch operation: with 256 rows in flight, every row thread whose
 #: dump was in took and gave back the lock in turn, and the switches cost more than the work (``make bench-row-cost``:
 #: the extractor's CPU a short row 3.3 ms, against 1.8 with 32 in flight; a wide row's finite check, a lock handover
-#: every 512 KiB, held 46 threads at once on one H200, bench/results-gpu-e2e-wide.json)
+#: every 512 KiB, held 46 threads at once on one H200, bench/results-gpu-e2e-wide-turns.json)
 ROWS_PACKED_ON_THREADS = 2
 #: how long a row waits for the server to let go of an earlier request of its rid: SGLang notices a
 #: closed connection within about 4 s (SGLANG_REQUEST_STATE_WAIT_TIMEOUT) and then aborts it; the

@@ -88,34 +88,6 @@ def test_a_bfloat16_dump_with_one_infinity_is_refused() -> None:
     assert caught.value.reason == "non_finite"
 
 
-@pytest.mark.parametrize("layout", ["bfloat16", "float32+prenorm", "fp8"])
-def test_the_expected_size_of_a_dump_is_the_size_of_its_tensors(tmp_path, layout: str) -> None:
-    """``dump_bytes`` routes a row to a pack process or its own thread: it must be what a real dump holds."""
-    from hsextract.contract.files.dumps import read_dump, write_dump, write_fp8_dump
-    from hsextract.contract.files.fp8 import FP8_STORAGE, quantize_per_token
-
-    tokens, aux, hidden = 7, [1, 3, 4], 16
-    source = DumpSource("test", "0", "/m", aux, [a + 1 for a in aux], final_layer_id=7)
-    ids = torch.arange(tokens)
-    dtype = torch.float32 if layout.startswith("float32") else torch.bfloat16
-    states = torch.randn(tokens, len(aux) + 1, hidden).to(dtype)
-    rid = f"hsx-000000001-n{tokens}"
-    if layout == "fp8":
-        hidden_states, scales = quantize_per_token(states)
-        write_fp8_dump(tmp_path, rid, ids, hidden_states, scales, source, model_dtype="bfloat16", final_slot="postnorm")
-    else:
-        prenorm = states[:, -1] + 1 if "prenorm" in layout else None
-        write_dump(tmp_path, rid, ids, states[:, :-1], states[:, -1], source, prenorm)
-    dump = read_dump(tmp_path / rid)
-    held = sum(t.numel() * t.element_size() for t in vars(dump).values() if isinstance(t, torch.Tensor))
-    expect = DumpExpectation(
-        aux, [a + 1 for a in aux], hidden, "bfloat16" if layout == "fp8" else str(dtype).removeprefix("torch."),
-        need_final_prenorm="prenorm" in layout, storage=FP8_STORAGE if layout == "fp8" else None,
-    )  # fmt: skip
-    assert expect.dump_bytes(tokens) == held
-    assert DumpExpectation(aux, [a + 1 for a in aux], hidden, None, False).dump_bytes(tokens) is None  # dtype not known
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_all_finite_reads_views_in_place_and_only_what_they_show(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     """A stored speculators sample's aux and final states are views of one [T, K+1, H] tensor (verify reads

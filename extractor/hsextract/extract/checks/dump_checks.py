@@ -28,17 +28,6 @@ class DumpExpectation:
     model_fingerprint: str | None = None
     storage: str | None = None  # the output's: fp8.FP8_STORAGE, or None for the model's dtype
 
-    def dump_bytes(self, tokens: int) -> int | None:
-        """The size of a dump of ``tokens`` tokens that passes the checks (None while the dtype is not known)."""
-        aux = len(self.capture_indices)
-        if self.storage is not None:  # [T, K+1, H] one byte each, a float32 scale and the int64 id per token
-            return tokens * ((aux + 1) * self.hidden_size + 4 + 8)
-        if self.dtype is None:
-            return None
-        states = aux + 1 + int(self.need_final_prenorm)
-        itemsize: int = getattr(torch, self.dtype).itemsize
-        return tokens * (states * self.hidden_size * itemsize + 8)
-
 
 class Expectations:
     """The run's :class:`DumpExpectation`. A server that does not say its dtype has it pinned by the first dump
