@@ -45,6 +45,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from hsextract.capture.embedded.config import ServeConfig
 from hsextract.capture.embedded.inbox import drain_inbox
 from hsextract.capture.embedded.kv_batch import KVBatch, check_layers
+from hsextract.capture.embedded.padded_batch import PaddedBatch
 from hsextract.capture.embedded.sampling import make_generator, next_tokens
 from hsextract.capture.embedded.static_kv import StaticKV, slots
 from hsextract.capture.embedded.step_graphs import StepGraphs
@@ -289,9 +290,7 @@ class DecodeScheduler:
         import transformers
 
         lengths = [len(item.request.input_ids) for item in items]
-        ids = torch.zeros((len(items), max(lengths)), dtype=torch.int64)
-        for row, item in enumerate(items):
-            ids[row, : lengths[row]] = torch.tensor(item.request.input_ids, dtype=torch.int64)
+        ids = PaddedBatch.of([item.request.input_ids for item in items]).ids  # no torch intra-op threads (padded_batch.py)
         cache: Any = transformers.DynamicCache(config=self.config)
         check_layers(cache)
         out = self.base(input_ids=ids.to(self.device), use_cache=True, **{self._cache_kwarg: cache})
