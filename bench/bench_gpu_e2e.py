@@ -30,7 +30,8 @@ Then, in one run:
 ``e2e_vs_forward_ratio`` = (c) / (a); ``e2e_vs_limit_ratio`` = (b) / min((a), (d)); GPU utilisation
 (NVML) is sampled during each phase; per-stage seconds come from the server's ``/metrics`` and the
 extractor's ``hsextract_stage_seconds``; each extraction phase's ``per_row`` gives each side's user and system CPU
-milliseconds and context switches per row written (a short row's fixed cost); synchronizing CUDA calls on the
+milliseconds and context switches per row written (a short row's fixed cost), the extractor's pack processes as a side
+of their own (``pack_processes``; ``extractor`` is the run's own process); synchronizing CUDA calls on the
 engine's forward thread are counted with ``torch.cuda.set_sync_debug_mode``. Reference checks on the GPU: (1) the
 first rows of (c)'s output against a batch-1 plain forward of the same rows on the same bf16 model (own layer index vs
 the neighbouring ones); (2) a float32 Llama-shaped small model through the embedded engine on CUDA,
@@ -372,6 +373,14 @@ def process_usage(pid: int) -> dict[str, float]:
     return usage
 
 
+def ended_children_usage() -> dict[str, float]:
+    """CPU seconds and switches of this process's children that have ended and been waited for. Across one extraction
+    these are its pack processes, which the run closes before it returns (the server outlives the phase)."""
+    ended = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"user_s": ended.ru_utime, "system_s": ended.ru_stime, "voluntary_switches": ended.ru_nvcsw,
+            "involuntary_switches": ended.ru_nivcsw}  # fmt: skip
+
+
 def per_row(used: dict[str, float], rows: int) -> dict[str, float]:
     """One process's CPU milliseconds and context switches per row written, from what it used over a phase."""
     return {
@@ -403,10 +412,12 @@ def extract(
     util: list[float] = []
     with SAMPLER.sampling(util), PROFILER.profiling(phase if phase in args.profile_phases.split(",") else "") as profile:
         usage_before = {side: process_usage(pid) for side, pid in PROFILER.pids.items()}
+        usage_before["pack_processes"] = ended_children_usage()
         started = time.perf_counter()
         summary = Extraction(config, metrics=metrics).run()
         seconds = time.perf_counter() - started
         usage_after = {side: process_usage(pid) for side, pid in PROFILER.pids.items()}
+        usage_after["pack_processes"] = ended_children_usage()
     used = {side: {key: usage_after[side][key] - value for key, value in usage.items()} for side, usage in usage_before.items()}
     cpu = {side: (u["user_s"] + u["system_s"]) / seconds for side, u in used.items()}
     after = scrape(url)
