@@ -357,9 +357,7 @@ def process_usage(pid: int) -> dict[str, float]:
     getrusage (its threads that ended count too); another's from /proc (its live threads' switches: the server's
     threads live as long as it does)."""
     if pid == os.getpid():
-        own = resource.getrusage(resource.RUSAGE_SELF)
-        return {"user_s": own.ru_utime, "system_s": own.ru_stime, "voluntary_switches": own.ru_nvcsw,
-                "involuntary_switches": own.ru_nivcsw}  # fmt: skip
+        return _getrusage(resource.RUSAGE_SELF)
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     tick = os.sysconf("SC_CLK_TCK")
     usage = {"user_s": int(fields[11]) / tick, "system_s": int(fields[12]) / tick, "voluntary_switches": 0.0,
@@ -376,9 +374,14 @@ def process_usage(pid: int) -> dict[str, float]:
 def ended_children_usage() -> dict[str, float]:
     """CPU seconds and switches of this process's children that have ended and been waited for. Across one extraction
     these are its pack processes, which the run closes before it returns (the server outlives the phase)."""
-    ended = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {"user_s": ended.ru_utime, "system_s": ended.ru_stime, "voluntary_switches": ended.ru_nvcsw,
-            "involuntary_switches": ended.ru_nivcsw}  # fmt: skip
+    return _getrusage(resource.RUSAGE_CHILDREN)
+
+
+def _getrusage(who: int) -> dict[str, float]:
+    """:func:`process_usage`'s fields from ``getrusage(who)``."""
+    used = resource.getrusage(who)
+    return {"user_s": used.ru_utime, "system_s": used.ru_stime, "voluntary_switches": used.ru_nvcsw,
+            "involuntary_switches": used.ru_nivcsw}  # fmt: skip
 
 
 def per_row(used: dict[str, float], rows: int) -> dict[str, float]:

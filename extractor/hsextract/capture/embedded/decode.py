@@ -289,8 +289,8 @@ class DecodeScheduler:
     def _prefill(self, items: list[Decoding], planned: list[Decoding]) -> None:
         import transformers
 
-        lengths = [len(item.request.input_ids) for item in items]
-        ids = PaddedBatch.of([item.request.input_ids for item in items]).ids  # no torch intra-op threads (padded_batch.py)
+        padded = PaddedBatch.of([item.request.input_ids for item in items])  # no torch intra-op threads (padded_batch.py)
+        ids, lengths = padded.ids, padded.lengths
         cache: Any = transformers.DynamicCache(config=self.config)
         check_layers(cache)
         out = self.base(input_ids=ids.to(self.device), use_cache=True, **{self._cache_kwarg: cache})
