@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from hsextract.capture.front import HttpFront
     from hsextract.capture.sglang.hook import HiddenStateDumper
     from hsextract.contract.hook_config import HookConfig
+    from hsextract.extract.checks.dump_checks import DumpExpectation, check_dump
     from hsextract.extract.config import ExtractConfig
     from hsextract.extract.metrics import ExtractMetrics
     from hsextract.extract.outcome import RunSummary
@@ -44,6 +45,9 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "RunSummary": ("hsextract.extract.outcome", "RunSummary"),
     # the connection a row's /generate goes out on (bench_http_client times it against httpx)
     "PlainConnection": ("hsextract.extract.requests.plain_post", "PlainConnection"),
+    # the checks every dump passes before it is packed (bench_dump_pages times them)
+    "DumpExpectation": ("hsextract.extract.checks.dump_checks", "DumpExpectation"),
+    "check_dump": ("hsextract.extract.checks.dump_checks", "check_dump"),
     # the rows of a dataset and the output formats they are written in
     "Sample": ("hsextract.output.sample", "Sample"),
     "iter_raw_rows": ("hsextract.extract.planning.dataset", "iter_raw_rows"),
@@ -71,6 +75,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
 
 __all__ = [
     "DECODE_PHASES",
+    "DumpExpectation",
     "Engine",
     "ExtractConfig",
     "ExtractMetrics",
@@ -85,6 +90,7 @@ __all__ = [
     "ServeConfig",
     "SpecForgeFormat",
     "VerifyReport",
+    "check_dump",
     "dump_sink",
     "iter_raw_rows",
     "open_format",

@@ -28,6 +28,7 @@ import torch
 
 from hsextract.capture.stages import StageClock
 from hsextract.contract.files.dump_dir import prepare_dump_root
+from hsextract.contract.files.dump_pages import huge_pages_advice
 from hsextract.contract.files.dumps import (
     FINAL_SLOT_POSTNORM,
     FINAL_SLOT_PRENORM,
@@ -135,6 +136,8 @@ class DumpSink:
         if writers < 1:
             raise ValueError(f"writers must be at least 1, got {writers}")
         self.root = prepare_dump_root(Path(root))  # mode 0700, or an existing one only this user can write
+        if advice := huge_pages_advice(self.root):
+            log.info("%s", advice)
         self.source = source
         self.rid_prefix = rid_prefix
         self.stale_after_s = stale_after_s

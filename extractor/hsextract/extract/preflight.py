@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hsextract.contract.files.dump_dir import check_dump_root
+from hsextract.contract.files.dump_pages import huge_pages_advice
 from hsextract.contract.files.fp8 import FP8_STORAGE
 from hsextract.contract.layers import resolve_aux_layer_ids, server_layers_mismatch
 from hsextract.contract.model_config import read_model_config
@@ -134,6 +135,8 @@ def check_server(
         check_dump_root(cfg.dump_dir)  # an unsafe root is refused as such, before it is compared with the server's
     dump_dir = _dump_dir(cfg.dump_dir, info.dump_dir)
     check_dump_root(dump_dir)
+    if advice := huge_pages_advice(dump_dir):
+        log.info("%s", advice)
     fmt = open_format(cfg.format, cfg.output)
     if fmt.needs_final_prenorm and info.provides_final_prenorm is False:
         raise ConfigError(

@@ -76,6 +76,9 @@ def write_safetensors_to(fd: int, tensors: Mapping[str, torch.Tensor], metadata:
     views = [_bytes_of(t) for t in tensors.values()]
     pending = [memoryview(safetensors_header(tensors, metadata)), *(v for v in views if v.nbytes)]
     total = sum(v.nbytes for v in pending)
+    # Sized first: a tmpfs mounted huge=within_size backs with huge pages only what lies within a file's size, and a
+    # file that grows write by write gets small ones on kernels that look at the size alone (dump_pages.py)
+    os.ftruncate(fd, os.lseek(fd, 0, os.SEEK_CUR) + total)
     while pending:
         batch, room = [], _MAX_WRITE
         for view in pending:

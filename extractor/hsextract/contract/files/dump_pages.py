@@ -1,0 +1,89 @@
+"""What backs the dump root's memory: whether its tmpfs hands out huge pages.
+
+Every dump is written once by the server and read once by the extractor, tens of megabytes a row on a
+wide model. On a tmpfs with 4 KiB pages the kernel allocates, faults in and frees each page on its own;
+with ``huge=within_size`` a file's whole 2 MiB stretches take one page each. Measured on one core with
+the 28 MB dump of a 4096-wide row of 858 tokens (bench/bench_core.py ``dump_pages``): the dump's write
+about 2.4 times as fast, its read and check about 1.7 times. The writer sizes each file before it writes
+(``tensor_file.write_safetensors_to``): ``within_size`` gives huge pages only to what lies inside a file's
+size (Documentation/filesystems/tmpfs.rst), and files under 2 MiB (meta.json) keep small ones.
+
+``deploy.yml`` mounts the container's /dev/shm that way (``hsx_shm_huge``); elsewhere both sides say once
+how to (:func:`huge_pages_advice`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+MOUNTINFO = Path("/proc/self/mountinfo")
+#: the kernel's switch above every tmpfs mount's own option: "deny" turns huge pages off, "force" on
+SHMEM_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+#: the mount option that gives a dump file huge pages and leaves small files small
+WANTED = "within_size"
+#: the values of ``huge=`` under which a written file gets huge pages ("advise" gives them only to a mapping that
+#: asks, never to ``write``)
+HUGE_VALUES = frozenset({"always", "within_size"})
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo field as a path: the kernel writes space, tab, newline and backslash as octal escapes."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
+
+
+def tmpfs_mount(path: Path, mountinfo: Path = MOUNTINFO) -> tuple[str, str] | None:
+    """``(mount point, huge= value)`` of the tmpfs that holds ``path`` ("never" when the mount sets none);
+    None when ``path`` is on another filesystem or cannot be told."""
+    try:
+        st_dev = os.stat(path).st_dev
+        lines = mountinfo.read_text().splitlines()
+    except OSError:
+        return None
+    wanted = f"{os.major(st_dev)}:{os.minor(st_dev)}"
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 10 or fields[2] != wanted or "-" not in fields[6:]:
+            continue
+        dash = fields.index("-", 6)
+        if fields[dash + 1] != "tmpfs":
+            return None
+        options = dict(o.partition("=")[::2] for o in fields[dash + 3].split(","))
+        return _unescape(fields[4]), options.get("huge", "never")
+    return None
+
+
+def kernel_override(shmem_enabled: Path = SHMEM_ENABLED) -> str | None:
+    """What the kernel's switch sets for every tmpfs mount: "deny", "force", or None when each mount's option holds
+    (or when the kernel has no huge pages for tmpfs: the file is absent and :func:`huge_pages_advice` is silent)."""
+    try:
+        text = shmem_enabled.read_text()
+    except OSError:
+        return None
+    chosen = text[text.find("[") + 1 : text.find("]")] if "[" in text else text.strip()
+    return chosen if chosen in ("deny", "force") else None
+
+
+def huge_pages_advice(path: Path, mountinfo: Path = MOUNTINFO, shmem_enabled: Path = SHMEM_ENABLED) -> str | None:
+    """One line for the log when the dump root at ``path`` is on a tmpfs without huge pages and could have
+    them; None when it has them, is not on tmpfs, or the kernel cannot give them."""
+    mount = tmpfs_mount(path, mountinfo)
+    if mount is None or not shmem_enabled.exists():
+        return None
+    point, huge = mount
+    override = kernel_override(shmem_enabled)
+    if override == "force" or (override is None and huge in HUGE_VALUES):
+        return None
+    if override == "deny":
+        return (
+            f"dump dir {path} is on a tmpfs whose huge pages the kernel denies ({SHMEM_ENABLED} is deny): each dump is "
+            "written and read in 4 KiB pages, about twice the CPU of huge ones; set it to within_size "
+            "(docs/deploy.md#devshm-size)"
+        )
+    return (
+        f"dump dir {path} is on a tmpfs mounted without huge pages ({point}, huge={huge}): each dump is written and "
+        f"read in 4 KiB pages, about twice the CPU of huge ones. As root: mount -o remount,huge={WANTED} {point} "
+        "(deploy.yml mounts the container's /dev/shm so; docs/deploy.md#devshm-size)"
+    )
