@@ -194,6 +194,9 @@ TEST_SETTINGS = {
     "hsx_extractor_sample_rows": 16,
 }
 SHM_EXPECTED_MB = 256
+#: what the roles add to a /dev/shm mount where the kernel has huge pages for tmpfs (this machine's: the tests' Proxmox
+#: host and containers share its kernel); docs/deploy.md#devshm-size
+SHM_HUGE = ",huge=within_size" if Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled").exists() else ""
 PROXMOX_HOST = "pve-test"
 PORT = 30000
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .helpers import ANSIBLE_BIN, REPO, TESTBED, Container, PlaybookResult, _require_host, run_playbook, wait_until
+from .helpers import ANSIBLE_BIN, REPO, SHM_HUGE, TESTBED, Container, PlaybookResult, _require_host, run_playbook, wait_until
 
 NAME, NET, VMID = "hsx-create-test", "10.197.95", 195
 HOST = "lxc-create"
@@ -102,7 +102,7 @@ def test_deploy_creates_the_missing_container(created: PlaybookResult, pct_host:
         "cores: 2", "memory: 4096", "swap: 0", f"hostname: {HOST}", "features: keyctl=1", "ostype: debian",
         f"mp0: {store},mp=/srv/models,ro=1", f"rootfs: local-lvm:vm-{VMID}-disk-0,size=8G",
         # the hidden size (128) came from the model's config.json on this "Proxmox host", through the mount
-        f"lxc.mount.entry: tmpfs dev/shm tmpfs rw,nosuid,nodev,size={SHM_MB}M,create=dir 0 0",
+        f"lxc.mount.entry: tmpfs dev/shm tmpfs rw,nosuid,nodev,size={SHM_MB}M{SHM_HUGE},create=dir 0 0",
     ):  # fmt: skip
         assert line in conf, f"{line!r} not in {conf}"
     assert any(line.startswith(f"net0: name=eth0,bridge=vmbr0,gw={NET}.1,hwaddr=") for line in conf), conf

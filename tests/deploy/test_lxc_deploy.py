@@ -13,6 +13,7 @@ import time
 from .helpers import (
     PORT,
     SHM_EXPECTED_MB,
+    SHM_HUGE,
     TEST_SETTINGS,
     Container,
     assert_nccl_env_of_the_server,
@@ -30,7 +31,7 @@ def test_deploy_ends_with_instructions(deployed):
 
 def test_proxmox_side_wrote_the_config_and_rebooted_through_pct(deployed, container, inventory):
     conf = (inventory.parent / "pve-lxc" / f"{container.vmid}.conf").read_text().splitlines()
-    want = f"lxc.mount.entry: tmpfs dev/shm tmpfs rw,nosuid,nodev,size={SHM_EXPECTED_MB}M,create=dir 0 0"
+    want = f"lxc.mount.entry: tmpfs dev/shm tmpfs rw,nosuid,nodev,size={SHM_EXPECTED_MB}M{SHM_HUGE},create=dir 0 0"
     assert conf == [line for line in pve_conf(container).splitlines() if "dev/shm" not in line] + [want]
     # the handler asked pct (the stand-in: lxc-info, lxc-stop + lxc-start) and the container really rebooted
     assert container.pct_calls() == [f"status {container.vmid}", f"reboot {container.vmid}"]
@@ -53,11 +54,12 @@ def test_nccl_variables_reach_the_server_process(deployed, container):
     assert_nccl_env_of_the_server(container)
 
 
-def test_dev_shm_has_the_size_asked(deployed, container):
-    size = int(container.run("findmnt -bno SIZE /dev/shm").stdout.strip())
-    assert size == SHM_EXPECTED_MB * 1024 * 1024, f"/dev/shm is {size} bytes"
+def test_dev_shm_has_the_size_and_huge_pages_asked(deployed, container):
+    size, options = container.run("findmnt -bno SIZE,FS-OPTIONS /dev/shm").stdout.split()
+    assert int(size) == SHM_EXPECTED_MB * 1024 * 1024, f"/dev/shm is {size} bytes"
+    assert SHM_HUGE.lstrip(",") in options.split(","), options  # the testbed mounted it without: remounted live
     fstab = container.run("cat /etc/fstab").stdout
-    assert f"tmpfs /dev/shm tmpfs rw,nosuid,nodev,size={SHM_EXPECTED_MB}M 0 0" in fstab.splitlines()
+    assert f"tmpfs /dev/shm tmpfs rw,nosuid,nodev,size={SHM_EXPECTED_MB}M{SHM_HUGE} 0 0" in fstab.splitlines()
 
 
 def test_health_generate_answers_200(deployed, container):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .helpers import ANSIBLE_BIN, REPO, PlaybookResult, ansible_env, run_playbook
+from .helpers import ANSIBLE_BIN, REPO, SHM_HUGE, PlaybookResult, ansible_env, run_playbook
 
 ROLES = sorted(p for p in (REPO / "roles").iterdir() if (p / "tasks" / "main.yml").exists())
 
@@ -241,7 +241,7 @@ ostype: debian
 rootfs: local-zfs:subvol-101-disk-0,size=500G
 swap: 0
 lxc.mount.entry: /data/models data/models none bind,create=dir 0 0
-lxc.mount.entry: tmpfs dev/shm tmpfs rw,nosuid,nodev,size=3584M,create=dir 0 0
+lxc.mount.entry: tmpfs dev/shm tmpfs rw,nosuid,nodev,size=3584M{huge},create=dir 0 0
 lxc.cgroup2.devices.allow: c 195:* rwm
 lxc.cgroup2.devices.allow: c 508:* rwm
 lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file
@@ -313,7 +313,7 @@ def test_proxmox_role_on_a_scratch_config_dir(tmp_path: Path):
     pct_log.unlink()
     result = run_playbook(str(playbook), inventory)
     assert result.rc == 0, result.output
-    got, want = (conf_dir / "101.conf").read_text().splitlines(), PVE_EXPECTED.splitlines()
+    got, want = (conf_dir / "101.conf").read_text().splitlines(), PVE_EXPECTED.format(huge=SHM_HUGE).splitlines()
     assert len(got) == len(want), f"{len(got)} lines rendered, {len(want)} expected"
     for number, (line, expected) in enumerate(zip(got, want, strict=True), start=1):
         assert line == expected, f"line {number}: {line!r} != {expected!r}"
@@ -550,7 +550,7 @@ net0: name=eth0,bridge=vmbr0,gw=10.197.95.1,hwaddr=BC:24:11:00:00:C3,ip=10.197.9
 ostype: debian
 rootfs: local-lvm:vm-195-disk-0,size=8G
 swap: 0
-lxc.mount.entry: tmpfs dev/shm tmpfs rw,nosuid,nodev,size=256M,create=dir 0 0
+lxc.mount.entry: tmpfs dev/shm tmpfs rw,nosuid,nodev,size=256M{huge},create=dir 0 0
 lxc.cgroup2.devices.allow: c 195:* rwm
 lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file
 lxc.mount.entry: /dev/nvidiactl dev/nvidiactl none bind,optional,create=file
@@ -573,7 +573,7 @@ def test_proxmox_role_creates_a_missing_container_once(tmp_path: Path) -> None:
     # real run: pct create, the role's lines into the new config, no reboot (it was stopped), pct start
     result = run_playbook(str(playbook), inventory)
     assert result.rc == 0, result.output
-    assert (conf_dir / "195.conf").read_text() == CREATED_CONF
+    assert (conf_dir / "195.conf").read_text() == CREATED_CONF.format(huge=SHM_HUGE)
     calls = [line.split()[0] for line in pct_log.read_text().splitlines()]
     assert calls == ["create", "status", "start"], calls
     assert "--mp0 /tank/models\\,mp=/srv/models\\,ro=1" in pct_log.read_text()

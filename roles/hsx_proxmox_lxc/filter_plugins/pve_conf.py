@@ -18,8 +18,9 @@ _NVIDIA_MOUNT = re.compile(r"^lxc\.mount\.entry:\s*/dev/nvidia")
 _ALLOW = re.compile(r"^lxc\.cgroup2?\.devices\.allow:\s*c\s+(\d+):")
 
 
-def hsx_pve_lines(shm_size_mb, gpu_count, majors):
-    lines = [f"lxc.mount.entry: tmpfs dev/shm tmpfs rw,nosuid,nodev,size={int(shm_size_mb)}M,create=dir 0 0"]
+def hsx_pve_lines(shm_size_mb, gpu_count, majors, shm_huge="never"):
+    huge = "" if shm_huge == "never" else f",huge={shm_huge}"
+    lines = [f"lxc.mount.entry: tmpfs dev/shm tmpfs rw,nosuid,nodev,size={int(shm_size_mb)}M{huge},create=dir 0 0"]
     if int(gpu_count) > 0:
         lines += [f"lxc.cgroup2.devices.allow: c {int(m)}:* rwm" for m in sorted({int(m) for m in majors})]
         devices = [f"nvidia{i}" for i in range(int(gpu_count))]
