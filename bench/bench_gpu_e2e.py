@@ -75,6 +75,7 @@ import transformers
 from py_spy import Profiler, find_py_spy
 
 from hsextract.api import Engine, ExtractConfig, Extraction, ExtractMetrics, ServeConfig, open_format, syncs_off
+from hsextract.contract.files.dump_pages import tmpfs_mount
 from hsextract.contract.files.dumps import read_dump
 from hsextract.contract.rids import make_rid
 
@@ -166,6 +167,9 @@ def hardware(args: argparse.Namespace) -> dict[str, Any]:
         "disk_free_gb": shutil.disk_usage(args.disk_dir).free / GB,
         "tmpfs_dir": str(args.tmpfs_dir),
         "tmpfs_free_gb": shutil.disk_usage(args.tmpfs_dir).free / GB,
+        # huge= of the tmpfs the dumps (and phase c's output) lie on: None when --tmpfs-dir is not a tmpfs
+        "tmpfs_huge": (tmpfs_mount(args.tmpfs_dir) or (None, None))[1],
+        "kernel": platform.release(),
     }
     with suppress(ValueError, OSError):
         info["memory_gb"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GB
@@ -782,7 +786,8 @@ def parse_args() -> argparse.Namespace:
         "--tmpfs-dir",
         type=Path,
         default=Path("/dev/shm"),
-        help="tmpfs scratch: model, dumps, (c)'s output (default: %(default)s)",
+        help="tmpfs scratch: model, dumps, (c)'s output; its huge= option is recorded, so a tmpfs mounted "
+        "huge=within_size measures the dumps in huge pages (default: %(default)s)",
     )
     add_workload_args(parser)
     add("--max-batch-tokens", type=int, default=16384, help="token budget of one forward, (a) and the server")
