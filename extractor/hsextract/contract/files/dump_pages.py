@@ -4,7 +4,7 @@ Every dump is written once by the server and read once by the extractor, tens of
 wide model. On a tmpfs with 4 KiB pages the kernel allocates, faults in and frees each page on its own;
 with ``huge=within_size`` a file's whole 2 MiB stretches take one page each. Measured on one core with
 the 28 MB dump of a 4096-wide row of 858 tokens (bench/bench_dump_pages.py, five runs on one virtual machine): the
-dump's write 2.1 to 3.2 times as fast, its read and check 1.4 to 2.9 times. The writer sizes each file before it writes
+dump's write 2.2 to 2.7 times as fast, its read and check 2.4 to 2.9 times. The writer sizes each file before it writes
 (``tensor_file.write_safetensors_to``): ``within_size`` gives huge pages only to what lies inside a file's
 size (Documentation/filesystems/tmpfs.rst), and files under 2 MiB (meta.json) keep small ones.
 
