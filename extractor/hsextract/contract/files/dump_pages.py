@@ -79,11 +79,11 @@ def huge_pages_advice(path: Path, mountinfo: Path = MOUNTINFO, shmem_enabled: Pa
     if override == "deny":
         return (
             f"dump dir {path} is on a tmpfs whose huge pages the kernel denies ({SHMEM_ENABLED} is deny): each dump is "
-            "written and read in 4 KiB pages, about twice the CPU of huge ones; set it to within_size "
+            "written and read in 4 KiB pages, two to three times the CPU of huge ones; set it to within_size "
             "(docs/deploy.md#devshm-size)"
         )
     return (
         f"dump dir {path} is on a tmpfs mounted without huge pages ({point}, huge={huge}): each dump is written and "
-        f"read in 4 KiB pages, about twice the CPU of huge ones. As root: mount -o remount,huge={WANTED} {point} "
+        f"read in 4 KiB pages, two to three times the CPU of huge ones. As root: mount -o remount,huge={WANTED} {point} "
         "(deploy.yml mounts the container's /dev/shm so; docs/deploy.md#devshm-size)"
     )
