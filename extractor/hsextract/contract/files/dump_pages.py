@@ -14,10 +14,10 @@ how to (:func:`huge_pages_advice`).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-MOUNTINFO = Path("/proc/self/mountinfo")
+from hsextract.durable.mounts import MOUNTINFO, mount_of
+
 #: the kernel's switch above every tmpfs mount's own option: "deny" turns huge pages off, "force" on
 SHMEM_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
 #: the mount option that gives a dump file huge pages and leaves small files small
@@ -27,32 +27,13 @@ WANTED = "within_size"
 HUGE_VALUES = frozenset({"always", "within_size"})
 
 
-def _unescape(field: str) -> str:
-    """A mountinfo field as a path: the kernel writes space, tab, newline and backslash as octal escapes."""
-    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        field = field.replace(code, char)
-    return field
-
-
 def tmpfs_mount(path: Path, mountinfo: Path = MOUNTINFO) -> tuple[str, str] | None:
     """``(mount point, huge= value)`` of the tmpfs that holds ``path`` ("never" when the mount sets none);
     None when ``path`` is on another filesystem or cannot be told."""
-    try:
-        st_dev = os.stat(path).st_dev
-        lines = mountinfo.read_text().splitlines()
-    except OSError:
+    mount = mount_of(path, mountinfo)
+    if mount is None or mount.fstype != "tmpfs":
         return None
-    wanted = f"{os.major(st_dev)}:{os.minor(st_dev)}"
-    for line in lines:
-        fields = line.split()
-        if len(fields) < 10 or fields[2] != wanted or "-" not in fields[6:]:
-            continue
-        dash = fields.index("-", 6)
-        if fields[dash + 1] != "tmpfs":
-            return None
-        options = dict(o.partition("=")[::2] for o in fields[dash + 3].split(","))
-        return _unescape(fields[4]), options.get("huge", "never")
-    return None
+    return mount.point, mount.options.get("huge", "never")
 
 
 def kernel_override(shmem_enabled: Path = SHMEM_ENABLED) -> str | None:
