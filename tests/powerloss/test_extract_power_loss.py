@@ -17,6 +17,8 @@ ROWS = 24
 BOOKKEEPING_BYTES = 8192
 FORMATS = {
     "specforge": (),
+    # sample files written with O_DIRECT (auto writes FUSE buffered): a direct write is no sync either
+    "specforge-direct-io": ("--output-io", "direct"),
     "speculators-fp8": ("--format", "speculators", "--storage", "float8_e4m3fn"),
 }
 
@@ -45,6 +47,7 @@ def test_the_same_command_recovers_every_row(  # type: ignore[no-untyped-def]
         assert_same_output(output, reference)
     rerun = run_extract(server.url, dataset, output, *extra)
     assert rerun.returncode == 0, f"after a cut that dropped {lost}: {rerun.stderr[-3000:]}"
+    assert "refuses direct I/O" not in rerun.stderr  # the FUSE filesystem takes O_DIRECT: the direct path ran
     assert "COMPLETE" in rerun.stdout
     if when == "after_the_run":
         assert f"written now 0, already done {ROWS}" in rerun.stdout

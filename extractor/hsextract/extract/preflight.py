@@ -51,6 +51,7 @@ from hsextract.output.identity import (
     write_identity,
 )
 from hsextract.output.manifest import SAMPLES_FILE, forget_every_row, read_jsonl
+from hsextract.output.sample_file import choose_direct
 from hsextract.output.serving_hints import SGLangServing, sglang_serving
 from hsextract.prepare.provenance import read_provenance
 
@@ -138,6 +139,8 @@ def check_server(
     if advice := huge_pages_advice(dump_dir):
         log.info("%s", advice)
     fmt = open_format(cfg.format, cfg.output)
+    fmt.direct_io, why = choose_direct(cfg.output_io, cfg.output)
+    log.info("sample files written %s (%s)", "with direct I/O" if fmt.direct_io else "buffered", why)
     if fmt.needs_final_prenorm and info.provides_final_prenorm is False:
         raise ConfigError(
             f"format {cfg.format} needs the pre-norm final state, which this server does not dump; "

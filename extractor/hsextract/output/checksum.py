@@ -3,7 +3,7 @@
 ``xxh3-128:<32 hex>`` of the file's bytes: they detect damage (a truncated, zeroed or altered file),
 not tampering, and xxh3 does that at ~50 GB/s, where sha256 (2 GB/s) halved the pack stage's rate
 and CRC32 (7 GB/s) still cost a fifth of it. The specforge writer checksums what ``torch.save``
-hands to the file as it goes (:class:`HashingWriter`, no second pass); the speculators writer reads
+hands to the file as it goes (``output/sample_file.py``, no second pass); the speculators writer reads
 its temp file back once (:func:`file_checksum`).
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import xxhash
 
@@ -25,26 +24,6 @@ class WrittenFile:
 
     bytes: int
     checksum: str
-
-
-class HashingWriter:
-    """A write-only file object that checksums and counts what passes through it."""
-
-    def __init__(self, handle: BinaryIO) -> None:
-        self._handle = handle
-        self._hash = xxhash.xxh3_128()
-        self.bytes = 0
-
-    def write(self, data: bytes) -> int:
-        self._hash.update(data)
-        self.bytes += len(data)
-        return self._handle.write(data)
-
-    def flush(self) -> None:
-        self._handle.flush()
-
-    def result(self) -> WrittenFile:
-        return WrittenFile(self.bytes, f"{ALGORITHM}:{self._hash.hexdigest()}")
 
 
 def file_checksum(path: Path) -> str:

@@ -92,6 +92,8 @@ class OutputFormat(ABC):
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
+        #: sample files written with direct I/O (``output/sample_file.py``; the run sets it from ``--output-io``)
+        self.direct_io = False
 
     # -- rules checked before any work --------------------------------------------------------------
     @classmethod  # noqa: B027  (a trainer that takes any count of aux layers keeps it empty)

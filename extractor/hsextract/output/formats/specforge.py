@@ -23,9 +23,10 @@ import yaml
 from hsextract.contract.files.dumps import Dump
 from hsextract.durable.atomic import atomic_write_bytes, remove_quietly, temp_path
 from hsextract.errors import ConfigError
-from hsextract.output.checksum import HashingWriter, WrittenFile
+from hsextract.output.checksum import WrittenFile
 from hsextract.output.formats.base import OutputFormat, StoredSample
 from hsextract.output.sample import Sample
+from hsextract.output.sample_file import SampleFile
 from hsextract.output.serving_hints import SGLangServing
 
 ROWS_PER_DIR = 2000
@@ -136,17 +137,17 @@ class SpecForgeFormat(OutputFormat):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = temp_path(path)
         try:
-            with open(tmp, "wb") as handle:
+            with SampleFile(tmp, self.direct_io) as out:
                 # Through a file object torch names the archive "archive", not after the temp file:
                 # the same sample gives the same bytes in every run (and we hash them on the way).
-                writer = HashingWriter(handle)
                 _skip_zip_crc()  # on this thread: the same bytes on every thread and in every pack process
-                torch.save(record, writer)  # type: ignore[arg-type]  # any object with write() will do
+                torch.save(record, out)  # type: ignore[arg-type]  # any object with write() will do
+                written = out.finish()
             os.replace(tmp, path)  # synced by the row worker once the dump is freed, before the row is recorded
         except BaseException:
             remove_quietly(tmp)
             raise
-        return writer.result()
+        return written
 
     def read_sample(self, row: int) -> StoredSample:
         record = torch.load(self.sample_path(row), weights_only=True, mmap=True)
