@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from hsextract.capture.front import HttpFront
     from hsextract.capture.sglang.hook import HiddenStateDumper
     from hsextract.contract.hook_config import HookConfig
+    from hsextract.durable.mounts import mount_of
     from hsextract.extract.checks.dump_checks import DumpExpectation, check_dump
     from hsextract.extract.config import ExtractConfig
     from hsextract.extract.metrics import ExtractMetrics
@@ -66,6 +67,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "HiddenStateDumper": ("hsextract.capture.sglang.hook", "HiddenStateDumper"),
     "HookConfig": ("hsextract.contract.hook_config", "HookConfig"),
     "dump_sink": ("hsextract.capture.dump_sink", None),
+    # the mount that holds a path: which filesystem the I/O benchmarks wrote to
+    "mount_of": ("hsextract.durable.mounts", "mount_of"),
     # every fsync a no-op inside a block: what the benchmarks measure the syncs' cost with
     "syncs_off": ("hsextract.durable.sync", "syncs_off"),
     # ``hsextract prepare``, in this process
@@ -93,6 +96,7 @@ __all__ = [
     "check_dump",
     "dump_sink",
     "iter_raw_rows",
+    "mount_of",
     "open_format",
     "run_prepare",
     "validate_row",
