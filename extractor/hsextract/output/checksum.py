@@ -2,9 +2,9 @@
 
 ``xxh3-128:<32 hex>`` of the file's bytes: they detect damage (a truncated, zeroed or altered file),
 not tampering, and xxh3 does that at ~50 GB/s, where sha256 (2 GB/s) halved the pack stage's rate
-and CRC32 (7 GB/s) still cost a fifth of it. The specforge writer checksums what ``torch.save``
-hands to the file as it goes (``output/sample_file.py``, no second pass); the speculators writer reads
-its temp file back once (:func:`file_checksum`).
+and CRC32 (7 GB/s) still cost a fifth of it. Both writers checksum what they hand to
+the file as it goes (``output/sample_file.py``, no second pass); :func:`file_checksum` reads a written
+file back (resume, verify, merge).
 """
 
 from __future__ import annotations

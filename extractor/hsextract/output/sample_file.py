@@ -3,8 +3,9 @@ filesystem takes it.
 
 Buffered, every byte of a sample is copied into the page cache, written back later by the kernel's flusher threads,
 and pushes out what else the host keeps cached; the row's sync then waits for that write-back. With direct I/O
-(``O_DIRECT``) the bytes go from one aligned staging buffer a thread to the disk: on this machine's ext4, a 28 MB
-file written and synced took 6.7 ms of CPU buffered, 0.65 ms direct, in the same wall time (the disk's).
+(``O_DIRECT``) the bytes go from one aligned staging buffer per file being written to the disk: on this machine's
+ext4, a 28 MB SpecForge sample written and synced took 5.1-6.1 ms of CPU direct, 8.9-37 ms buffered, and less
+wall time (bench/results-output-io.json).
 ``--output-io auto`` (the default) writes directly on the local disk filesystems of :data:`DIRECT_FILESYSTEMS` and
 buffered elsewhere: tmpfs (direct I/O is a copy there too), network and FUSE filesystems (where it may be slower or
 refused). A filesystem that refuses it at the first write is written buffered from there on, the same bytes.

@@ -62,6 +62,22 @@ def safetensors_header(tensors: Mapping[str, torch.Tensor], metadata: Mapping[st
     return struct.pack("<Q", len(text)) + text
 
 
+#: the order safetensors' save_file (0.8) lays dtypes out in, first to last (its Dtype enum's, reversed)
+_LIBRARY_ORDER = ("I64", "F64", "F32", "I32", "BF16", "F16", "I16", "F8_E4M3", "I8", "U8", "BOOL")
+
+
+def in_library_order(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` in the order ``safetensors.torch.save_file`` lays them out (by dtype, then by name), so a file
+    written from them holds its bytes exactly."""
+    return dict(sorted(tensors.items(), key=lambda item: (_LIBRARY_ORDER.index(_DTYPES[item[1].dtype]), item[0])))
+
+
+def safetensors_pieces(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> list[memoryview]:
+    """The file's bytes in order, without a copy: the length prefix and header, then each tensor's memory."""
+    views = [_bytes_of(t) for t in tensors.values()]
+    return [memoryview(safetensors_header(tensors, metadata)), *(v for v in views if v.nbytes)]
+
+
 def write_safetensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> int:
     """Write ``tensors`` (host, any layout) to ``path``; returns the file's size in bytes."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -73,8 +89,7 @@ def write_safetensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata:
 
 def write_safetensors_to(fd: int, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> int:
     """:func:`write_safetensors` to a file open for writing (at its offset, left open); returns the bytes written."""
-    views = [_bytes_of(t) for t in tensors.values()]
-    pending = [memoryview(safetensors_header(tensors, metadata)), *(v for v in views if v.nbytes)]
+    pending = safetensors_pieces(tensors, metadata)
     total = sum(v.nbytes for v in pending)
     # Sized first: a tmpfs mounted huge=within_size backs with huge pages only what lies within a file's size, and a
     # file that grows write by write gets small ones on kernels that look at the size alone (dump_pages.py)

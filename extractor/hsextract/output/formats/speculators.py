@@ -24,18 +24,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from hsextract.contract.files import fp8
 from hsextract.contract.files.dumps import FINAL_SLOT_PRENORM, Dump
+from hsextract.contract.files.tensor_file import in_library_order, safetensors_pieces
 from hsextract.contract.states import ErrorReason
 from hsextract.durable.atomic import remove_quietly, temp_path
 from hsextract.durable.sync import sync_dir, sync_tree
 from hsextract.errors import DumpError, MergeError
-from hsextract.output.checksum import WrittenFile, file_checksum
+from hsextract.output.checksum import WrittenFile
 from hsextract.output.formats import token_freq
 from hsextract.output.formats.base import OutputFormat, StoredSample
 from hsextract.output.sample import Sample
+from hsextract.output.sample_file import SampleFile
 from hsextract.output.serving_hints import SGLangServing
 
 if TYPE_CHECKING:
@@ -174,8 +176,11 @@ class SpeculatorsFormat(OutputFormat):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = temp_path(path)
         try:
-            save_file(tensors, str(tmp))
-            written = WrittenFile(tmp.stat().st_size, file_checksum(tmp))
+            # the bytes safetensors' save_file writes, from the tensors' memory, checksummed as they go
+            with SampleFile(tmp, self.direct_io) as out:
+                for piece in safetensors_pieces(in_library_order(tensors)):
+                    out.write(piece)
+                written = out.finish()
             os.replace(tmp, path)  # synced by the row worker once the dump is freed, before the row is recorded
         except BaseException:
             remove_quietly(tmp)

@@ -58,3 +58,31 @@ def test_device_tensors_and_unknown_dtypes_are_refused(tmp_path: Path) -> None:
         write_safetensors(tmp_path / "d.safetensors", {"c": torch.zeros(2, dtype=torch.complex64)})
     with pytest.raises(ValueError, match="copy it to the host"):
         write_safetensors(tmp_path / "e.safetensors", {"m": torch.zeros(2, device="meta")})
+
+
+@pytest.mark.parametrize(
+    "tensors",
+    [
+        # the speculators sample in the model's dtype, and in FP8 (the library puts the scales before the states)
+        {"token_ids": torch.arange(9), "hidden_states": torch.randn(9, 4, 16).bfloat16()},
+        {
+            "token_ids": torch.arange(9),
+            "hidden_states": torch.randn(9, 4, 16).to(torch.float8_e4m3fn),
+            "hidden_states_scales": torch.rand(9, 1, 1),
+        },
+        # every dtype the writer stores, two of one dtype (they go by name)
+        {
+            "zeta": torch.randn(3),
+            "alpha": torch.randn(2),
+            **{f"t_{dtype}".replace("torch.", ""): torch.ones(2).to(dtype) for dtype in tensor_file._DTYPES},
+        },
+    ],
+    ids=["bf16", "fp8", "every_dtype"],
+)
+def test_pieces_in_library_order_are_the_bytes_of_save_file(tmp_path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """The speculators writer writes these pieces: the file must be what safetensors' own save_file makes."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(tmp_path / "library.safetensors"))
+    ours = b"".join(bytes(piece) for piece in tensor_file.safetensors_pieces(tensor_file.in_library_order(tensors)))
+    assert ours == (tmp_path / "library.safetensors").read_bytes()
