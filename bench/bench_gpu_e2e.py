@@ -411,6 +411,7 @@ def extract(
             "max_seq_len": args.max_seq_len,
             "concurrency": args.concurrency,
             "pack_processes": args.pack_processes,
+            "output_io": args.output_io,
             **({"rows_per_request": args.rows_per_request} if args.rows_per_request is not None else {}),
             "log_interval_s": 15.0,
         }
@@ -740,6 +741,8 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
     )
     add("--cuda-graphs", choices=["auto", "on", "off"], default=None, help="the server's --cuda-graphs (default: its own)")
     add("--pack-processes", type=int, default=None, help="the extractor's pack processes (default: the CLI's)")
+    add("--output-io", choices=["auto", "direct", "buffered"], default="auto", help="how the extractor writes sample "
+        "files (default: %(default)s, the CLI's: direct on a local disk filesystem)")  # fmt: skip
     add("--dump-writers", type=int, default=None, help="the server's dump-writer threads (default: serve's)")
     add("--rows-per-request", type=int, default=None, help="the extractor's rows in one /generate at most (default: the CLI's)")
     add("--hidden", type=int, default=4096)
