@@ -21,7 +21,9 @@ def _temp_files(root: Path) -> list[Path]:
     return [p for p in root.rglob(".*") if ".tmp-" in p.name]
 
 
-def test_output_disk_full_mid_run(models, start_server, tmpfs, tmp_path: Path) -> None:
+# auto writes a tmpfs buffered; direct: an O_DIRECT write that finds the disk full fails the same way
+@pytest.mark.parametrize("output_io", ["auto", "direct"])
+def test_output_disk_full_mid_run(models, start_server, tmpfs, tmp_path: Path, output_io: str) -> None:
     server = start_server(models["main"])
     dataset = write_rows(tmp_path / "data.jsonl", make_rows(20, seed=12))
     reference = tmp_path / "reference"
@@ -29,7 +31,7 @@ def test_output_disk_full_mid_run(models, start_server, tmpfs, tmp_path: Path) -
     disk = tmpfs("outfs", 6 << 20)
     output = disk / "out"
 
-    process = start_extract(server.url, dataset, output)
+    process = start_extract(server.url, dataset, output, "--output-io", output_io)
     wait_for(lambda: samples_written(output) >= 3, what="3 samples", process=process)
     filler = fill(disk, LEAVE)
     stdout, stderr = process.communicate(timeout=120)
@@ -42,7 +44,7 @@ def test_output_disk_full_mid_run(models, start_server, tmpfs, tmp_path: Path) -
     assert not _temp_files(output)
 
     filler.unlink()
-    rerun = run_extract(server.url, dataset, output)
+    rerun = run_extract(server.url, dataset, output, "--output-io", output_io)
     assert rerun.returncode == 0, rerun.stderr
     assert_same_output(output, reference)
 
