@@ -111,7 +111,10 @@ def test_rows_sent_while_every_post_is_out_go_together_and_each_gets_its_own_ans
     server.arrived(1)  # the one slot is out: the next rows wait for it, four to a POST
     rows = {f"r{i}": _send(client, f"r{i}", tokens=i + 1) for i in range(6)}
     server.answer.set()
-    assert server.arrived(3) == [["first"], ["r0", "r1", "r2", "r3"], ["r4", "r5"]]
+    # the full POST goes at once, the other when a slot is free: two request threads, so the server may see
+    # them in either order (which rows share a POST is what is decided)
+    bodies = server.arrived(3)
+    assert bodies[0] == ["first"] and sorted(bodies[1:]) == [["r0", "r1", "r2", "r3"], ["r4", "r5"]]
     assert _answer(first).rid == "first"
     for i, (rid, pending) in enumerate(rows.items()):
         answer = _answer(pending)
@@ -126,8 +129,10 @@ def test_a_post_holds_rows_up_to_its_token_budget_and_of_one_kind(server: _Batch
     server.arrived(1)
     pendings = [_send(client, "a", 4), _send(client, "b", 4), _send(client, "c", 4), _send(client, "d", 1, final_prenorm=True)]
     server.answer.set()
-    # a + b fill 8 of 10 tokens; c would pass the budget; d asks for another dump (its own hsextract key)
-    assert server.arrived(4)[1:] == [["a", "b"], ["c"], ["d"]]
+    # a + b fill 8 of 10 tokens; c would pass the budget; d asks for another dump (its own hsextract key). A POST that
+    # takes no more rows goes at once on a request thread of its own: [a, b] and [c] race to the server (an order
+    # assumed here failed a CI run), so the bodies are compared as a set
+    assert sorted(server.arrived(4)[1:]) == [["a", "b"], ["c"], ["d"]]
     assert [_answer(p).rid for p in pendings] == ["a", "b", "c", "d"]
 
 
