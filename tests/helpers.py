@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 from hsextract.capture.embedded import Engine
 from hsextract.capture.embedded.config import ServeConfig
@@ -51,3 +56,26 @@ def run_extraction(
     settings: dict[str, object] = {"health_timeout_s": 30, **overrides}
     config = ExtractConfig(server=server_url, dataset=dataset, output=output, **settings)  # type: ignore[arg-type]
     return Extraction(config, metrics=metrics or ExtractMetrics()).run()
+
+
+@contextmanager
+def tmpfs_mounts(parent: Path) -> Iterator[Callable[..., Path]]:
+    """``mount(name, size_bytes, options="")``: a real tmpfs at ``parent / name``, with ``options`` besides its size
+    (root only; skipped with the reason where mounting is impossible); every one is unmounted at the end."""
+    mounted: list[Path] = []
+
+    def mount(name: str, size_bytes: int, options: str = "") -> Path:
+        point = parent / name
+        point.mkdir()
+        every = ",".join(filter(None, [f"size={size_bytes}", "mode=0755", options]))
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", every, "tmpfs", str(point)], capture_output=True, text=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN): {result.stderr.strip()}")
+        mounted.append(point)
+        return point
+
+    try:
+        yield mount
+    finally:
+        for point in reversed(mounted):
+            subprocess.run(["umount", "-l", str(point)], check=False)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import mmap
 import re
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +16,8 @@ from hsextract.capture.dump_sink import DumpSink
 from hsextract.contract.files.dump_pages import SHMEM_ENABLED, huge_pages_advice, kernel_override, tmpfs_mount
 from hsextract.contract.files.dumps import HIDDEN_FILE, DumpSource, read_dump, write_dump
 from hsextract.contract.rids import make_rid
+
+from .helpers import tmpfs_mounts
 
 pytestmark = pytest.mark.root
 
@@ -29,21 +30,8 @@ def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
     """Mount a real tmpfs with the given huge= option; skipped where mounting or huge pages are impossible."""
     if not SHMEM_ENABLED.exists() or kernel_override() is not None:
         pytest.skip(f"this kernel gives tmpfs no huge pages, or decides for every mount ({SHMEM_ENABLED})")
-    mounted: list[Path] = []
-
-    def mount(huge: str) -> Path:
-        point = tmp_path / huge
-        point.mkdir()
-        options = f"size=256m,mode=0700,huge={huge}"
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], capture_output=True, text=True)
-        if result.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN): {result.stderr.strip()}")
-        mounted.append(point)
-        return point
-
-    yield mount
-    for point in reversed(mounted):
-        subprocess.run(["umount", "-l", str(point)], check=False)
+    with tmpfs_mounts(tmp_path) as mount:
+        yield lambda huge: mount(huge, 256 << 20, f"huge={huge}")
 
 
 def _dump(root: Path, tokens: int = 300, hidden: int = 4096) -> Path:

@@ -34,7 +34,7 @@ import pytest
 from hsextract.dev.tiny_model import make_tiny_model
 from hsextract.output.verify import verify_output
 
-from ..helpers import VOLATILE_FIELDS, free_port
+from ..helpers import VOLATILE_FIELDS, free_port, tmpfs_mounts
 
 VOCAB = 1024
 REPO = Path(__file__).resolve().parents[2]
@@ -314,24 +314,10 @@ def proxy() -> Iterator[Callable[..., Proxy]]:
 
 # -- full disks ------------------------------------------------------------------------------------------
 @pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Callable[[str, int], Path]]:
+def tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
     """Mount a small real tmpfs (root only); skipped with the reason where mounting is impossible."""
-    mounted: list[Path] = []
-
-    def mount(name: str, size_bytes: int) -> Path:
-        point = tmp_path / name
-        point.mkdir()
-        result = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size_bytes},mode=0755", "tmpfs", str(point)], capture_output=True, text=True
-        )
-        if result.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN): {result.stderr.strip()}")
-        mounted.append(point)
-        return point
-
-    yield mount
-    for point in reversed(mounted):
-        subprocess.run(["umount", "-l", str(point)], check=False)
+    with tmpfs_mounts(tmp_path) as mount:
+        yield mount
 
 
 def fill(filesystem: Path, leave_bytes: int) -> Path:
