@@ -34,12 +34,11 @@ from hsextract.output.checksum import ALGORITHM, WrittenFile
 log = logging.getLogger(__name__)
 
 OutputIO = Literal["auto", "direct", "buffered"]
-OUTPUT_IO: tuple[OutputIO, ...] = ("auto", "direct", "buffered")
 #: local disk filesystems that take O_DIRECT (auto writes directly there)
 DIRECT_FILESYSTEMS = frozenset({"ext4", "ext3", "ext2", "xfs", "btrfs", "f2fs"})
 #: file offsets, lengths and the buffer's address of a direct write: a multiple of every common logical block size
 ALIGN = 4096
-#: the staging buffer each writing thread keeps (a multiple of ALIGN): what one direct write carries
+#: the staging buffer of a file being written directly (a multiple of ALIGN): what one direct write carries
 STAGE_BYTES = 8 << 20
 #: bytes checksummed and copied at a time: the piece is still in the core's cache when it is copied
 PIECE_BYTES = 512 << 10
@@ -122,20 +121,19 @@ class SampleFile:
         view = memoryview(data).cast("B")
         size = view.nbytes
         self._bytes += size
-        if not self._direct:
-            self._hash.update(view)
-            if size < SMALL_WRITE_BYTES:  # torch.save's record headers: gathered, as a buffered file object would
-                self._pending += view
-                if len(self._pending) >= SMALL_WRITE_BYTES:
-                    self._write_pending()
-            else:
-                self._write_pending()
-                _write_all(self._fd, view)
-            return size
+        if self._direct:
+            view = self._stage_direct(view)
+        if view:  # buffered, or what is left after the filesystem refused a direct write
+            self._write_buffered(view)
+        return size
+
+    def _stage_direct(self, view: memoryview) -> memoryview:
+        """Checksum and stage ``view`` a piece at a time, writing the buffer each time it fills; returns what is left
+        when a refused write turned the file buffered meanwhile (nothing is left staged then)."""
         if self._stage is None:
             self._stage = _stages.take()
         stage = self._stage
-        while view:
+        while view and self._direct:
             piece = view[: min(PIECE_BYTES, STAGE_BYTES - self._staged)]
             self._hash.update(piece)
             stage[self._staged : self._staged + piece.nbytes] = piece
@@ -143,7 +141,17 @@ class SampleFile:
             view = view[piece.nbytes :]
             if self._staged == STAGE_BYTES:
                 self._write_staged(STAGE_BYTES)
-        return size
+        return view
+
+    def _write_buffered(self, view: memoryview) -> None:
+        self._hash.update(view)
+        if view.nbytes < SMALL_WRITE_BYTES:  # torch.save's record headers: gathered, as a buffered file object would
+            self._pending += view
+            if len(self._pending) >= SMALL_WRITE_BYTES:
+                self._write_pending()
+        else:
+            self._write_pending()
+            _write_all(self._fd, view)
 
     def flush(self) -> None:
         """Nothing to do: staged bytes are written by :meth:`finish` (``torch.save`` may call it)."""

@@ -56,12 +56,27 @@ def test_direct_and_buffered_files_hold_the_same_bytes_and_checksum(tmp_path: Pa
     assert buffered_sum == direct_sum
 
 
-def test_a_write_the_kernel_refuses_is_written_buffered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A last block padded to 100 bytes is no multiple of any disk's block: the kernel refuses it (EINVAL), the file
-    goes on buffered from there, with the same bytes (a filesystem that takes O_DIRECT at open but not the write)."""
+@pytest.mark.parametrize(
+    ("patch", "sizes"),
+    [
+        # the last block padded to 100 bytes: the file's last write is refused
+        ({"ALIGN": 100}, [STAGE_BYTES, 5000]),
+        # a staging buffer of 1 MiB + 100 bytes: its first write, in the middle of a large one, is refused; the rest
+        # of that write and the next ones follow it in order
+        ({"STAGE_BYTES": (1 << 20) + 100}, [3 << 20, 5000, 70_000, 3]),
+    ],
+    ids=["at_the_end", "mid_write"],
+)
+def test_a_write_the_kernel_refuses_is_written_buffered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, patch: dict[str, int], sizes: list[int]
+) -> None:
+    """A length that is no multiple of any disk's block is refused by the kernel (EINVAL): the file goes on buffered
+    from there, with the same bytes (as on a filesystem that takes O_DIRECT at open but not the write)."""
     _direct_here(tmp_path)
-    monkeypatch.setattr(sample_file, "ALIGN", 100)
-    data, out, checksum = _write(tmp_path / "refused", [STAGE_BYTES, 5000], direct=True)
+    for name, value in patch.items():
+        monkeypatch.setattr(sample_file, name, value)
+    monkeypatch.setattr(sample_file, "_stages", sample_file._Stages())  # buffers of the patched size
+    data, out, checksum = _write(tmp_path / "refused", sizes, direct=True)
     assert not out.direct, "the refused write switched the file to buffered"
     assert (tmp_path / "refused").read_bytes() == data
     assert file_checksum(tmp_path / "refused") == checksum
