@@ -74,7 +74,17 @@ import torch
 import transformers
 from py_spy import Profiler, find_py_spy
 
-from hsextract.api import Engine, ExtractConfig, Extraction, ExtractMetrics, ServeConfig, open_format, syncs_off
+from hsextract.api import (
+    Engine,
+    ExtractConfig,
+    Extraction,
+    ExtractMetrics,
+    SampleFile,
+    ServeConfig,
+    choose_direct,
+    open_format,
+    syncs_off,
+)
 from hsextract.contract.files.dump_pages import tmpfs_mount
 from hsextract.contract.files.dumps import read_dump
 from hsextract.contract.rids import make_rid
@@ -581,23 +591,32 @@ def wait_healthy(url: str, server: subprocess.Popen[bytes], log_path: Path, time
 #: --concurrency rows, each syncing its own file); bench_gpu_fleet uses this many per GPU
 DISK_LIMIT_THREADS = 32
 DISK_LIMIT_HOW = (
-    "the disk's limit: the output's file sizes written from memory, {threads} threads, each file fsynced after "
-    "its write and the folder at the end (durable as the extractor's row path makes each sample), in tokens/s"
+    "the disk's limit: the output's file sizes written from memory as the extractor writes its samples ({io}), "
+    "{threads} threads, each file fsynced after its write and the folder at the end (durable as the extractor's row "
+    "path makes each sample), in tokens/s"
 )
 
 
-def plain_write(directory: Path, sizes: list[int], tokens: int, threads: int = DISK_LIMIT_THREADS) -> dict[str, Any]:
+def plain_write(
+    directory: Path, sizes: list[int], tokens: int, threads: int = DISK_LIMIT_THREADS, output_io: str = "auto"
+) -> dict[str, Any]:
     """The disk's limit, one definition for every GPU benchmark (:data:`DISK_LIMIT_HOW`)."""
     directory.mkdir(parents=True)
+    direct, why = choose_direct(output_io, directory)  # type: ignore[arg-type]  # "auto", "direct" or "buffered"
     block = os.urandom(1 << 20) * (max(sizes) // (1 << 20) + 1)
     view = memoryview(block)
 
     def write(item: tuple[int, int]) -> None:
         index, size = item
-        with open(directory / f"{index}.bin", "wb") as handle:
-            handle.write(view[:size])
-            handle.flush()
-            os.fsync(handle.fileno())
+        path = directory / f"{index}.bin"
+        with SampleFile(path, direct) as out:
+            out.write(view[:size])
+            out.finish()
+        fd = os.open(path, os.O_RDONLY)  # the row's sync, once the file is written
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     started = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
@@ -616,7 +635,8 @@ def plain_write(directory: Path, sizes: list[int], tokens: int, threads: int = D
         "gb_per_s": total / seconds / GB,
         "tokens_per_s": tokens / seconds,  # the output of `tokens` tokens is `total` bytes
         "threads": threads,
-        "how": DISK_LIMIT_HOW.format(threads=threads),
+        "how": DISK_LIMIT_HOW.format(threads=threads, io=("direct I/O, " if direct else "buffered, ") + why),
+        "direct_io": direct,
     }
 
 
@@ -909,7 +929,7 @@ def main() -> int:
             log.info("(p) pack processes vs threads: %.3f", phases["p_pack_pairs"]["processes_vs_threads_rate_ratio"])
             results.update(phases=phases)
         if "d" not in skip:
-            phases["d_disk_write"] = plain_write(disk / "plain", sizes, tokens)
+            phases["d_disk_write"] = plain_write(disk / "plain", sizes, tokens, output_io=args.output_io)
             log.info("(d) plain write: %.2f GB/s", phases["d_disk_write"]["gb_per_s"])
             results.update(phases=phases)
         summary = headline(phases)

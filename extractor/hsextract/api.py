@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from hsextract.output.formats import open_format
     from hsextract.output.formats.specforge import SpecForgeFormat
     from hsextract.output.sample import Sample
+    from hsextract.output.sample_file import SampleFile, choose_direct
     from hsextract.output.verify import VerifyReport, verify_output
     from hsextract.prepare.config import PrepareConfig
     from hsextract.prepare.run import run_prepare
@@ -55,6 +56,9 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "validate_row": ("hsextract.extract.planning.dataset", "validate_row"),
     "open_format": ("hsextract.output.formats", "open_format"),
     "SpecForgeFormat": ("hsextract.output.formats.specforge", "SpecForgeFormat"),
+    # a sample file written as the extractor writes it (direct I/O on a local disk): the disk's limit writes so
+    "SampleFile": ("hsextract.output.sample_file", "SampleFile"),
+    "choose_direct": ("hsextract.output.sample_file", "choose_direct"),
     # ``hsextract verify``, in this process
     "verify_output": ("hsextract.output.verify", "verify_output"),
     "VerifyReport": ("hsextract.output.verify", "VerifyReport"),
@@ -90,10 +94,12 @@ __all__ = [
     "PrepareConfig",
     "RunSummary",
     "Sample",
+    "SampleFile",
     "ServeConfig",
     "SpecForgeFormat",
     "VerifyReport",
     "check_dump",
+    "choose_direct",
     "dump_sink",
     "iter_raw_rows",
     "mount_of",
