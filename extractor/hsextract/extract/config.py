@@ -105,8 +105,9 @@ class ExtractConfig(StrictConfig):
     )
     output_io: Literal["auto", "direct", "buffered"] = Field(
         "auto",
-        description="how sample files are written: direct (O_DIRECT: no page cache, a tenth of the CPU), buffered, or "
-        "auto: direct on a local disk filesystem (ext4, xfs, btrfs, f2fs), buffered elsewhere (tmpfs, NFS, FUSE)",
+        description="how sample files are written: direct (O_DIRECT from a staging buffer: no page cache, no "
+        "write-back, less of the packer's CPU), buffered, or auto: direct on a local disk filesystem (ext4, xfs, btrfs, "
+        "f2fs), buffered elsewhere (tmpfs, NFS, FUSE)",
     )
     sort_window: int = Field(
         2048, gt=0, description="rows read ahead and sent shortest first, so batches carry little padding (1: dataset order)"
