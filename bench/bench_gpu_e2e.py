@@ -590,6 +590,8 @@ def wait_healthy(url: str, server: subprocess.Popen[bytes], log_path: Path, time
 #: threads of the plain write: enough fsyncs in flight to keep a fast NVMe queue busy (the extractor has
 #: --concurrency rows, each syncing its own file); bench_gpu_fleet uses this many per GPU
 DISK_LIMIT_THREADS = 32
+#: how the extractor writes sample files unless told (the CLI's --output-io), and the disk's limit with it
+OUTPUT_IO = ExtractConfig.model_fields["output_io"].default
 DISK_LIMIT_HOW = (
     "the disk's limit: the output's file sizes written from memory as the extractor writes its samples ({io}), "
     "{threads} threads, each file fsynced after its write and the folder at the end (durable as the extractor's row "
@@ -598,7 +600,7 @@ DISK_LIMIT_HOW = (
 
 
 def plain_write(
-    directory: Path, sizes: list[int], tokens: int, threads: int = DISK_LIMIT_THREADS, output_io: str = "auto"
+    directory: Path, sizes: list[int], tokens: int, threads: int = DISK_LIMIT_THREADS, output_io: str = OUTPUT_IO
 ) -> dict[str, Any]:
     """The disk's limit, one definition for every GPU benchmark (:data:`DISK_LIMIT_HOW`)."""
     directory.mkdir(parents=True)
@@ -761,8 +763,8 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
     )
     add("--cuda-graphs", choices=["auto", "on", "off"], default=None, help="the server's --cuda-graphs (default: its own)")
     add("--pack-processes", type=int, default=None, help="the extractor's pack processes (default: the CLI's)")
-    add("--output-io", choices=["auto", "direct", "buffered"], default="auto", help="how the extractor writes sample "
-        "files (default: %(default)s, the CLI's: direct on a local disk filesystem)")  # fmt: skip
+    add("--output-io", choices=["auto", "direct", "buffered"], default=OUTPUT_IO, help="how the extractor writes sample "
+        "files, and the disk's limit (d) with them (default: %(default)s, the CLI's)")  # fmt: skip
     add("--dump-writers", type=int, default=None, help="the server's dump-writer threads (default: serve's)")
     add("--rows-per-request", type=int, default=None, help="the extractor's rows in one /generate at most (default: the CLI's)")
     add("--hidden", type=int, default=4096)

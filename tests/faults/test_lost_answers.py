@@ -4,8 +4,8 @@ A real HTTP server in front of the real embedded server forwards every request, 
 written, but holds back the answer of one row: for 30 s, or for good. The run must go on from the
 complete dump, write every row once, count the late answer, and end byte-identical to a clean run.
 A request that never reaches the server is sent again by the stall watchdog. And 2000 short rows
-at concurrency 256 against the embedded server (uvicorn front) are each taken up within a few
-seconds of their dump.
+at concurrency 256 against the embedded server (uvicorn front) are each taken up within seconds, not
+minutes, of their dump.
 """
 
 from __future__ import annotations
@@ -149,8 +149,11 @@ def test_2000_rows_at_concurrency_256_are_each_taken_up_soon_after_their_dump(mo
     metrics = ExtractMetrics()
     summary = run_extraction(server.url, dataset, tmp_path / "out", concurrency=256, metrics=metrics)
     assert summary.total_samples == 2000 and summary.failed == 0
-    # the longest any complete dump waited for the extractor (from its done marker to being taken up)
-    assert summary.longest_dump_pickup_s < 3.0, summary.longest_dump_pickup_s
+    # The longest any complete dump waited for the extractor (from its done marker to being taken up). The defect this
+    # guards against left dumps waiting for the watchdog or dump_timeout_s (minutes). A dump is taken up inside its
+    # packing turn, behind up to 255 others on this 2-core machine shared with the server: a CI run saw 3.04 s (the
+    # bound was 3.0 s), so the bound is the stall side's, with room for a loaded machine.
+    assert summary.longest_dump_pickup_s < 10.0, summary.longest_dump_pickup_s
     pickups = metrics.registry.get_sample_value("hsextract_dump_pickup_seconds_count")
     assert pickups == 2000
     assert metrics.registry.get_sample_value("hsextract_oldest_open_request_seconds") == 0

@@ -104,10 +104,11 @@ class ExtractConfig(StrictConfig):
         f"{PACK_PROCESSES_FROM_ROWS} rows or more, else 0)",
     )
     output_io: Literal["auto", "direct", "buffered"] = Field(
-        "auto",
-        description="how sample files are written: direct (O_DIRECT from a staging buffer: no page cache, no "
-        "write-back, less of the packer's CPU), buffered, or auto: direct on a local disk filesystem (ext4, xfs, btrfs, "
-        "f2fs), buffered elsewhere (tmpfs, NFS, FUSE)",
+        "buffered",
+        description="how sample files are written: buffered (the page cache), direct (O_DIRECT from a staging buffer: "
+        "no page cache, no write-back, less of the packer's CPU, but the disk's latency inside a packing turn), or auto: "
+        "direct on a local disk filesystem (ext4, xfs, btrfs, f2fs), buffered elsewhere (tmpfs, NFS, FUSE). Buffered "
+        "by default until direct is measured on a GPU host",
     )
     sort_window: int = Field(
         2048, gt=0, description="rows read ahead and sent shortest first, so batches carry little padding (1: dataset order)"

@@ -6,9 +6,12 @@ and pushes out what else the host keeps cached; the row's sync then waits for th
 (``O_DIRECT``) the bytes go from one aligned staging buffer per file being written to the disk: on this machine's
 ext4, a 28 MB SpecForge sample written and synced took 5.1-6.1 ms of CPU direct, 8.9-37 ms buffered, and less
 wall time (bench/results-output-io.json).
-``--output-io auto`` (the default) writes directly on the local disk filesystems of :data:`DIRECT_FILESYSTEMS` and
-buffered elsewhere: tmpfs (direct I/O is a copy there too), network and FUSE filesystems (where it may be slower or
-refused). A filesystem that refuses it at the first write is written buffered from there on, the same bytes.
+A direct write returns once the disk has the bytes, so a packing turn now holds the disk's latency (buffered, the
+row's thread waits for it in its fsync, outside any turn): ``--output-io`` stays ``buffered`` by default until a GPU
+host's run shows which way is faster there. ``auto`` writes directly on the local disk filesystems of
+:data:`DIRECT_FILESYSTEMS` and buffered elsewhere: tmpfs (direct I/O is a copy there too), network and FUSE filesystems
+(where it may be slower or refused). A filesystem that refuses it at the first write is written buffered from there
+on, the same bytes.
 
 The file's bytes are the same either way: the last block is written padded to the alignment, then the file is cut
 to its size.
