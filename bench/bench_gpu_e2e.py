@@ -83,6 +83,7 @@ from hsextract.api import (
     ServeConfig,
     choose_direct,
     open_format,
+    sync_file,
     syncs_off,
 )
 from hsextract.contract.files.dump_pages import tmpfs_mount
@@ -614,11 +615,7 @@ def plain_write(
         with SampleFile(path, direct) as out:
             out.write(view[:size])
             out.finish()
-        fd = os.open(path, os.O_RDONLY)  # the row's sync, once the file is written
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        sync_file(path)  # the row's sync, once the file is written
 
     started = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from hsextract.api import Sample, SpecForgeFormat, mount_of
+from hsextract.api import Sample, SpecForgeFormat, mount_of, sync_file
 from hsextract.contract.files.dumps import DumpSource, read_dump, write_dump
 from hsextract.contract.rids import make_rid
 
@@ -52,11 +52,7 @@ def one_repeat(fmt: SpecForgeFormat, dump_dir: Path, rows: int) -> dict[str, flo
     started, process, machine = time.perf_counter(), process_cpu_seconds(), machine_cpu_seconds()
     for row in range(rows):
         fmt.write_sample(Sample(row, dump.input_ids.tolist(), [1] * tokens, tokens), dump)
-        fd = os.open(fmt.sample_path(row), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        sync_file(fmt.sample_path(row))  # the row's sync
     os.sync()  # what a buffered write still owes the disk is part of its cost
     return {
         "ms_per_row": (time.perf_counter() - started) * 1e3 / rows,

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from hsextract.capture.sglang.hook import HiddenStateDumper
     from hsextract.contract.hook_config import HookConfig
     from hsextract.durable.mounts import mount_of
+    from hsextract.durable.sync import sync_file
     from hsextract.extract.checks.dump_checks import DumpExpectation, check_dump
     from hsextract.extract.config import ExtractConfig
     from hsextract.extract.metrics import ExtractMetrics
@@ -73,6 +74,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "dump_sink": ("hsextract.capture.dump_sink", None),
     # the mount that holds a path: which filesystem the I/O benchmarks wrote to
     "mount_of": ("hsextract.durable.mounts", "mount_of"),
+    # a written file's fsync, as a row's thread makes it once its sample is written
+    "sync_file": ("hsextract.durable.sync", "sync_file"),
     # every fsync a no-op inside a block: what the benchmarks measure the syncs' cost with
     "syncs_off": ("hsextract.durable.sync", "syncs_off"),
     # ``hsextract prepare``, in this process
@@ -105,6 +108,7 @@ __all__ = [
     "mount_of",
     "open_format",
     "run_prepare",
+    "sync_file",
     "validate_row",
     "verify_output",
 ]

@@ -17,6 +17,7 @@ from hsextract.contract import defaults
 from hsextract.contract.layers import DEFAULT_AUX_LAYERS_TEXT, LAYER_IDS_HELP
 from hsextract.errors import ConfigError
 from hsextract.output.formats import DEFAULT_FORMAT, FORMAT_NAMES
+from hsextract.output.sample_file import OutputIO
 
 #: pack processes (``pack_processes`` unset) only for runs with this many rows to do: a process takes a second or
 #: more to start (it imports torch), which a short run would spend for nothing
@@ -103,7 +104,7 @@ class ExtractConfig(StrictConfig):
         "interpreter lock (0: on the request threads; default: a quarter of the CPUs, 1 to 8, for runs of "
         f"{PACK_PROCESSES_FROM_ROWS} rows or more, else 0)",
     )
-    output_io: Literal["auto", "direct", "buffered"] = Field(
+    output_io: OutputIO = Field(
         "buffered",
         description="how sample files are written: buffered (the page cache), direct (O_DIRECT from a staging buffer: "
         "no page cache, no write-back, less of the packer's CPU, but the disk's latency inside a packing turn), or auto: "
