@@ -109,7 +109,7 @@ class ExtractConfig(StrictConfig):
         description="how sample files are written: buffered (the page cache), direct (O_DIRECT from a staging buffer: "
         "no page cache, no write-back, less of the packer's CPU, but the disk's latency inside a packing turn), or auto: "
         "direct on a local disk filesystem (ext4, xfs, btrfs, f2fs), buffered elsewhere (tmpfs, NFS, FUSE). Buffered "
-        "by default until direct is measured on a GPU host",
+        "by default: faster end to end on a GPU host's disk (bench/results-gpu-e2e-pages-io.json)",
     )
     sort_window: int = Field(
         2048, gt=0, description="rows read ahead and sent shortest first, so batches carry little padding (1: dataset order)"

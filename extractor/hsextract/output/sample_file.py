@@ -7,11 +7,11 @@ and pushes out what else the host keeps cached; the row's sync then waits for th
 ext4, a 28 MB SpecForge sample written and synced took 5.1-6.1 ms of CPU direct, 8.9-37 ms buffered, and less
 wall time (bench/results-output-io.json).
 A direct write returns once the disk has the bytes, so a packing turn now holds the disk's latency (buffered, the
-row's thread waits for it in its fsync, outside any turn): ``--output-io`` stays ``buffered`` by default until a GPU
-host's run shows which way is faster there. ``auto`` writes directly on the local disk filesystems of
-:data:`DIRECT_FILESYSTEMS` and buffered elsewhere: tmpfs (direct I/O is a copy there too), network and FUSE filesystems
-(where it may be slower or refused). A filesystem that refuses it at the first write is written buffered from there
-on, the same bytes.
+row's thread waits for it in its fsync, outside any turn): ``--output-io`` is ``buffered`` by default, faster end to end
+on one H100's host, whose disk took direct writes more slowly even alone (bench/results-gpu-e2e-pages-io.json).
+``auto`` writes directly on the local disk filesystems of :data:`DIRECT_FILESYSTEMS` and buffered elsewhere: tmpfs
+(direct I/O is a copy there too), network and FUSE filesystems (where it may be slower or refused). A filesystem
+that refuses it at the first write is written buffered from there on, the same bytes.
 
 The file's bytes are the same either way: the last block is written padded to the alignment, then the file is cut
 to its size.
