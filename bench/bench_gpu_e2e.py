@@ -36,8 +36,9 @@ engine's forward thread are counted with ``torch.cuda.set_sync_debug_mode``. Ref
 first rows of (c)'s output against a batch-1 plain forward of the same rows on the same bf16 model (own layer index vs
 the neighbouring ones); (2) a float32 Llama-shaped small model through the embedded engine on CUDA,
 batched with padding, against batch-1 float32 forwards at 1e-4. With ``--py-spy BINARY`` (a static
-binary can be carried to the GPU host), (b) and (c) also profile the server and the extractor
-(``bench/py_spy.py``): each phase's ``py_spy`` gives the share of samples per thread and per function.
+binary can be carried to the GPU host), (b) and (c) also profile the server, the extractor and its pack processes
+(``bench/py_spy.py``): each phase's ``py_spy`` gives the share of samples per thread and per function (the pack
+processes' as ``extractor_children``; ``--profile-native``: C and C++ frames too).
 --cpu-smoke runs the whole script at toy sizes on the CPU (its numbers mean nothing); --device cpu runs it on the
 CPU at the sizes given (``make bench-row-cost``: short rows on a tiny model, where the extraction path is all there
 is to measure).
@@ -819,12 +820,14 @@ def parse_args() -> argparse.Namespace:
         "else the CLI's default), in alternating order (default: 0, none)")
     add("--sync-pairs", type=int, default=0, help="(s): pairs of (b) with and without the power-loss fsyncs "
         "(hsextract.api.syncs_off), interleaved; the rate ratio's target >= 0.97 (default: 0, not run)")  # fmt: skip
-    add("--py-spy", default="", help="a py-spy binary: profile the server and the extractor during (b) and (c), "
-        "summarised in each phase's py_spy, raw samples beside --out")
+    add("--py-spy", default="", help="a py-spy binary: profile the server, the extractor and its pack processes during "
+        "(b) and (c), summarised in each phase's py_spy (the pack processes as extractor_children), raw samples beside --out")
     add("--profile-phases", default="b,c", help="the phases --py-spy profiles (default: %(default)s)")
     add("--profile-delay-s", type=float, default=3.0, help="seconds into a phase before its profile starts")
     add("--profile-seconds", type=float, default=15.0, help="longest profile of one phase")
     add("--profile-idle", action="store_true", help="sample waiting threads too (py-spy --idle): where rows wait")
+    add("--profile-native", action="store_true", help="sample C and C++ frames too (py-spy --native): where a pack "
+        "process's copy, check and checksum spend their time; py-spy pauses each process at each sample then")
     add("--profile-gil", action="store_true", help="sample only the thread holding the GIL (py-spy --gil): what a "
         "GIL-bound process spends its interpreter on")
     add("--switch-interval", type=float, default=None, help="sys.setswitchinterval for this process (the extractor "
@@ -855,7 +858,14 @@ def main() -> int:
     SAMPLER = GpuSampler()
     py_spy = find_py_spy(args.py_spy) if args.py_spy else None
     PROFILER = Profiler(
-        py_spy, args.out.with_suffix(""), args.profile_delay_s, args.profile_seconds, idle=args.profile_idle, gil=args.profile_gil
+        py_spy,
+        args.out.with_suffix(""),
+        args.profile_delay_s,
+        args.profile_seconds,
+        idle=args.profile_idle,
+        gil=args.profile_gil,
+        children=frozenset({"extractor"}),  # its pack processes: extractor_children
+        native=args.profile_native,
     )
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)

@@ -5,7 +5,10 @@ and extractor by pid. Each profile is taken ``delay_s`` into a phase, for at mos
 state, not its start), and summarised per thread and per function: the share of samples a function was running
 (``self``) or on the stack (``inclusive``). The raw samples stay beside the result (``-f raw``). With ``idle`` the waiting threads
 are sampled too (py-spy's ``--idle``): where rows in flight wait, not only what the busy threads run. With ``gil`` only
-the thread holding the GIL is (``--gil``): what a GIL-bound process spends its one interpreter on.
+the thread holding the GIL is (``--gil``): what a GIL-bound process spends its one interpreter on. A side named in
+``children`` is sampled with its child processes (``--subprocesses``: the extractor's pack processes), summarised apart
+as ``<side>_children``; with ``native`` the C and C++ frames are sampled too (``--native``: where a row's copy, check
+and checksum spend a pack process's time, below Python), which py-spy does only by pausing the process at each sample.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +49,13 @@ class Profiler:
         rate: int = 97,
         idle: bool = False,
         gil: bool = False,
+        children: frozenset[str] = frozenset(),
+        native: bool = False,
     ) -> None:
         if idle and gil:
             raise SystemExit("--profile-idle and --profile-gil sample opposite sets of threads: give one")
         self.binary, self.raw_prefix, self.delay_s, self.seconds, self.rate = binary, raw_prefix, delay_s, seconds, rate
-        self.idle, self.gil = idle, gil
+        self.idle, self.gil, self.children, self.native = idle, gil, children, native
         self.pids: dict[str, int] = {}  # side name -> pid, set once the processes run
 
     @contextmanager
@@ -71,7 +76,8 @@ class Profiler:
                 raw = self.raw_prefix.with_name(f"{self.raw_prefix.name}-py-spy-{phase}-{side}.txt")
                 command = [str(self.binary), "record", "--pid", str(pid), "--duration", str(int(self.seconds)),
                            "--rate", str(self.rate), "--format", "raw", "--output", str(raw), "--threads",
-                           "--nonblocking", *(["--idle"] if self.idle else []), *(["--gil"] if self.gil else [])]  # fmt: skip
+                           *(["--native"] if self.native else ["--nonblocking"]), *(["--idle"] if self.idle else []),
+                           *(["--gil"] if self.gil else []), *(["--subprocesses"] if side in self.children else [])]  # fmt: skip
                 running.append((side, raw, subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
 
         starter = threading.Thread(target=start, name=f"py-spy-{phase}", daemon=True)
@@ -88,25 +94,39 @@ class Profiler:
                     process.send_signal(signal.SIGINT)  # py-spy writes what it has on Ctrl-C
                 _, stderr = process.communicate(timeout=60)
                 if raw.exists():
-                    summaries[side] = summarize(raw) | {"idle_threads_sampled": self.idle, "gil_holder_only": self.gil}
+                    how = {"idle_threads_sampled": self.idle, "gil_holder_only": self.gil, "native_frames": self.native}
+                    if side in self.children:
+                        summaries[side] = summarize(raw, processes="own") | how
+                        summaries[f"{side}_children"] = summarize(raw, processes="children") | how
+                    else:
+                        summaries[side] = summarize(raw) | how
                 else:
                     summaries[side] = {"error": stderr.decode(errors="replace").strip()[-500:]}
                     log.warning("py-spy on %s (%s) wrote nothing: %s", side, phase, summaries[side]["error"])
 
 
-def summarize(raw: Path, top: int = 25) -> dict[str, Any]:
-    """Shares of samples per thread, and per function running (``self``) or on the stack (``inclusive``)."""
+def summarize(raw: Path, top: int = 25, processes: Literal["all", "own", "children"] = "all") -> dict[str, Any]:
+    """Shares of samples per thread, and per function running (``self``) or on the stack (``inclusive``). A profile
+    taken with ``--subprocesses`` starts each stack with its process and the ones above it (``process PID:"cmd"``):
+    ``own`` keeps the profiled process's samples, ``children`` those of the processes below it."""
     threads: collections.Counter[str] = collections.Counter()
     running: collections.Counter[str] = collections.Counter()
     on_stack: collections.Counter[str] = collections.Counter()
     total = 0
+    pids: set[str] = set()
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
+        parts = stack.split(";")
+        depth = next((i for i, part in enumerate(parts) if not part.startswith("process ")), len(parts))
+        if (processes == "own" and depth > 1) or (processes == "children" and depth < 2):
+            continue
+        if depth:
+            pids.add(parts[depth - 1].split(":", 1)[0].removeprefix("process "))
         samples = int(count)
         total += samples
-        thread, *frames = stack.split(";")
+        thread, *frames = parts[depth:] or ["?"]
         threads[re.sub(r"_\d+$", "", thread.split(": ", 1)[-1])] += samples  # "thread (tid): pool_7" -> pool
         if frames:
             running[frames[-1]] += samples
@@ -118,6 +138,7 @@ def summarize(raw: Path, top: int = 25) -> dict[str, Any]:
 
     return {
         "samples": total,
+        **({"processes": len(pids)} if processes == "children" else {}),
         "raw": os.path.basename(raw),
         "threads": shares(threads, top),
         "self": shares(running, top),
