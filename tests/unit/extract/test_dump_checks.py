@@ -71,6 +71,27 @@ def test_all_finite_finds_one_bad_value_anywhere(dtype: torch.dtype, bad: float)
         assert not all_finite(poisoned), index
 
 
+@pytest.mark.parametrize(
+    ("dtype", "bits_dtype"), [(torch.bfloat16, torch.int16), (torch.float16, torch.int16), (torch.float8_e4m3fn, torch.uint8)]
+)
+def test_all_finite_agrees_with_torch_on_every_bit_pattern(dtype: torch.dtype, bits_dtype: torch.dtype) -> None:
+    """Every value of a 16- and an 8-bit float, alone and among finite values of both signs: the check reads bits."""
+    width = 8 * torch.empty(0, dtype=dtype).element_size()
+    patterns = torch.arange(-(1 << (width - 1)), 1 << (width - 1)) if bits_dtype.is_signed else torch.arange(1 << width)
+    values = patterns.to(bits_dtype).view(dtype)
+    finite = torch.isfinite(values.float())
+    neighbours = torch.tensor([1.0, -2.0], dtype=torch.float32).to(dtype)
+    for value, expected in zip(values, finite.tolist(), strict=True):
+        assert all_finite(value.reshape(1)) == expected, value
+        assert all_finite(torch.cat([neighbours, value.reshape(1), neighbours])) == expected, value
+
+
+@pytest.mark.parametrize("bits", [0x7F7FFFFF, 0x7F800000, 0x7F800001, 0x7FFFFFFF, 0xFF7FFFFF, 0xFF800000, 0xFFC00000, 0x80000000])
+def test_all_finite_on_float32_at_the_edges_of_the_exponent(bits: int) -> None:
+    value = torch.tensor([bits], dtype=torch.int64).to(torch.int32).view(torch.float32)  # wraps to the same 32 bits
+    assert all_finite(torch.cat([torch.tensor([3.0, -3.0]), value])) == bool(torch.isfinite(value).all())
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_all_finite_accepts_the_largest_and_smallest_finite_values(dtype: torch.dtype) -> None:
     info = torch.finfo(dtype)
