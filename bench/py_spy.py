@@ -14,6 +14,7 @@ and checksum spend a pack process's time, below Python), which py-spy does only 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import re
@@ -100,9 +101,18 @@ class Profiler:
                         summaries[f"{side}_children"] = summarize(raw, processes="children") | how
                     else:
                         summaries[side] = summarize(raw) | how
-                else:
-                    summaries[side] = {"error": stderr.decode(errors="replace").strip()[-500:]}
+                else:  # the exit status says what stderr may not: on one H100's host --native --subprocesses left both empty
+                    said = stderr.decode(errors="replace").strip()[-500:] or "nothing on stderr"
+                    summaries[side] = {"error": f"py-spy exited with {_status(process.returncode)}: {said}"}
                     log.warning("py-spy on %s (%s) wrote nothing: %s", side, phase, summaries[side]["error"])
+
+
+def _status(returncode: int) -> str:
+    """An exit code as a person reads it: ``status 1``, or the signal that ended the process (``SIGSEGV``)."""
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return signal.Signals(-returncode).name
+    return f"status {returncode}"
 
 
 def summarize(raw: Path, top: int = 25, processes: Literal["all", "own", "children"] = "all") -> dict[str, Any]:

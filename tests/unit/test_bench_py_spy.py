@@ -115,3 +115,21 @@ def test_children_and_native_frames_are_sampled_when_asked(tmp_path: Path, nativ
     for args in (extractor, server):
         assert ("--native" in args, "--nonblocking" in args) == (native, not native)
     assert summaries["extractor_children"]["samples"] == 0 and summaries["extractor"]["native_frames"] is native
+
+
+@pytest.mark.parametrize(
+    ("script", "said"), [("kill -SEGV $$", "SIGSEGV: nothing on stderr"), ("echo no >&2; exit 3", "status 3: no")]
+)
+def test_a_py_spy_that_wrote_nothing_is_reported_with_how_it_ended(tmp_path: Path, script: str, said: str) -> None:
+    """On one H100's host, py-spy --native --subprocesses on the extractor left no profile and an empty stderr: the
+    summary said only ``error: ""``. Now it names the exit status or the signal too."""
+    binary, ran = tmp_path / "py-spy", tmp_path / "ran"
+    binary.write_text(f"#!/bin/sh\ntouch {ran}\n{script}\n")
+    binary.chmod(0o755)
+    profiler = py_spy.Profiler(binary, tmp_path / "out", delay_s=0.0, seconds=1.0)
+    profiler.pids = {"extractor": 1}
+    with profiler.profiling("c") as summaries:
+        deadline = time.monotonic() + 10
+        while not ran.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert summaries["extractor"] == {"error": f"py-spy exited with {said}"}
