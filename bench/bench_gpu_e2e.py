@@ -31,7 +31,8 @@ Then, in one run:
 (NVML) is sampled during each phase; per-stage seconds come from the server's ``/metrics`` and the
 extractor's ``hsextract_stage_seconds``; each extraction phase's ``per_row`` gives each side's user and system CPU
 milliseconds and context switches per row written (a short row's fixed cost), the extractor's pack processes as a side
-of their own (``pack_processes``; ``extractor`` is the run's own process); synchronizing CUDA calls on the
+of their own (``pack_processes``, per row they packed, less what a process spends starting, measured once and given
+as ``pack_process_start_cpu_s``; ``extractor`` is the run's own process); synchronizing CUDA calls on the
 engine's forward thread are counted with ``torch.cuda.set_sync_debug_mode``. Reference checks on the GPU: (1) the
 first rows of (c)'s output against a batch-1 plain forward of the same rows on the same bf16 model (own layer index vs
 the neighbouring ones); (2) a float32 Llama-shaped small model through the embedded engine on CUDA,
@@ -75,6 +76,7 @@ import torch
 import transformers
 from py_spy import Profiler, find_py_spy
 
+import hsextract
 from hsextract.api import (
     Engine,
     ExtractConfig,
@@ -393,6 +395,29 @@ def ended_children_usage() -> dict[str, float]:
     return _getrusage(resource.RUSAGE_CHILDREN)
 
 
+def pack_process_start_usage() -> dict[str, float]:
+    """What one pack process spends before its first row (its imports, torch's among them): a process started and
+    ended alone, as the run starts each. Subtracted from the pack processes' CPU so that their ``per_row`` is what a
+    row costs them: over a phase of seconds, four starts were a third of that CPU (issue 37)."""
+    global _START_USAGE
+    if _START_USAGE is None:
+        before = ended_children_usage()
+        package_root = str(Path(hsextract.__file__).resolve().parents[1])  # as PackProcesses starts them
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+        subprocess.run([sys.executable, "-c", "import hsextract.extract.pack_worker"], check=True, env=env)
+        after = ended_children_usage()
+        _START_USAGE = {key: after[key] - value for key, value in before.items()}
+    return _START_USAGE
+
+
+_START_USAGE: dict[str, float] | None = None
+
+
+def pack_process_rows_usage(used: dict[str, float], processes: int, start: dict[str, float]) -> dict[str, float]:
+    """The pack processes' use over a phase less ``processes`` starts: what their rows cost them."""
+    return {key: max(0.0, value - processes * start[key]) for key, value in used.items()}
+
+
 def _getrusage(who: int) -> dict[str, float]:
     """:func:`process_usage`'s fields from ``getrusage(who)``."""
     used = resource.getrusage(who)
@@ -440,6 +465,14 @@ def extract(
         usage_after["pack_processes"] = ended_children_usage()
     used = {side: {key: usage_after[side][key] - value for key, value in usage.items()} for side, usage in usage_before.items()}
     cpu = {side: (u["user_s"] + u["system_s"]) / seconds for side, u in used.items()}
+    processes = config.pack_processes_for(summary.total_samples)
+    in_processes = int(metrics.registry.get_sample_value("hsextract_packed_in_process_total") or 0)
+    # a side's cost per row it handled: the pack processes' over the rows they packed, less their starts
+    rows = {side: summary.total_samples for side in used}
+    start = pack_process_start_usage() if processes else None
+    if start is not None:  # no row packed in a process (a short run: they were still starting): no figure
+        used["pack_processes"] = pack_process_rows_usage(used["pack_processes"], processes, start)
+        rows["pack_processes"] = in_processes
     after = scrape(url)
     if summary.status != "complete" or summary.total_tokens != expected_tokens:
         raise RuntimeError(f"extraction ended {summary.status} with {summary.total_tokens}/{expected_tokens} tokens written")
@@ -458,8 +491,9 @@ def extract(
         "gpu_util_samples": len(util),
         "extractor_stage_seconds_sum": metrics.stage_totals(),
         "extractor_concurrency": args.concurrency,
-        "pack_processes": config.pack_processes_for(summary.total_samples),
-        "packed_in_process": metrics.registry.get_sample_value("hsextract_packed_in_process_total"),
+        "pack_processes": processes,
+        "packed_in_process": in_processes,
+        **({"pack_process_start_cpu_s": start["user_s"] + start["system_s"]} if start is not None else {}),
         "rows_per_request": config.rows_per_request,
         "posts": metrics.registry.get_sample_value("hsextract_rows_per_request_count"),
         # rows written from their dump whose answer had not come answer_grace_s later: a POST's rows are answered
@@ -467,8 +501,9 @@ def extract(
         "late_answers": summary.late_answers,
         # each process's CPU seconds over the phase's: near 1.0 with mostly Python work is one GIL, saturated
         "cpu_seconds_per_second": cpu,
-        # the same per row: a side's fixed cost, which caps short rows at about 1000 / (its GIL-held ms) rows/s
-        "per_row": {side: per_row(u, max(1, summary.total_samples)) for side, u in used.items()},
+        # the same per row it handled (the pack processes': per row they packed, their starts taken out): a side's
+        # fixed cost, which caps short rows at about 1000 / (its GIL-held ms) rows/s
+        "per_row": {side: per_row(u, rows[side]) if rows[side] else None for side, u in used.items()},
         "server": server_stages(before, after),
         **({"py_spy": profile} if profile else {}),
     }
