@@ -27,6 +27,9 @@ Then, in one run:
     fsync a no-op (``hsextract.api.syncs_off``), interleaved: the rate ratio per pair and its median
     (target >= 0.97), and the workers' share of time waiting for their samples' fsyncs.
 
+Each extraction phase also gives when every pack process was up (``pack_processes_up_after_s``: each imports torch,
+5.6 s of CPU on one H100's host) and its tokens a second from then on (``tokens_per_s_once_processes_up``): a run's
+pace past its start, which a phase of seconds mostly is not.
 ``e2e_vs_forward_ratio`` = (c) / (a); ``e2e_vs_limit_ratio`` = (b) / min((a), (d)); GPU utilisation
 (NVML) is sampled during each phase; per-stage seconds come from the server's ``/metrics`` and the
 extractor's ``hsextract_stage_seconds``; each extraction phase's ``per_row`` gives each side's user and system CPU
@@ -435,6 +438,47 @@ def per_row(used: dict[str, float], rows: int) -> dict[str, float]:
     }
 
 
+@contextmanager
+def watching_pack_processes(metrics: ExtractMetrics, interval_s: float = 0.05) -> Iterator[list[tuple[float, float, float]]]:
+    """(time, tokens written, pack processes up) every ``interval_s`` during the block, from the run's own metrics."""
+    samples: list[tuple[float, float, float]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while True:
+            tokens = metrics.registry.get_sample_value("hsextract_tokens_total") or 0.0
+            up = metrics.registry.get_sample_value("hsextract_pack_processes_up") or 0.0
+            samples.append((time.perf_counter(), tokens, up))
+            if done.wait(interval_s):
+                return
+
+    watcher = threading.Thread(target=sample, name="pack-processes-watch", daemon=True)
+    watcher.start()
+    try:
+        yield samples
+    finally:
+        done.set()
+        watcher.join()
+
+
+def once_processes_up(
+    samples: list[tuple[float, float, float]], processes: int, started: float, ended: float, tokens: int
+) -> dict[str, float | None]:
+    """When every pack process was up (seconds into the phase) and the tokens a second written from then to the end:
+    the pace of a run past its start (a process imports torch: seconds of a short phase)."""
+    up = next(((at, written) for at, written, count in samples if count >= processes), None)
+    if not processes or up is None or ended - up[0] <= 0:
+        return {"pack_processes_up_after_s": None, "tokens_per_s_once_processes_up": None}
+    return {"pack_processes_up_after_s": up[0] - started, "tokens_per_s_once_processes_up": (tokens - up[1]) / (ended - up[0])}
+
+
+def log_rate(name: str, phase: dict[str, Any]) -> None:
+    """An extraction phase's tokens a second, and from when every pack process was up when they were."""
+    steady = phase.get("tokens_per_s_once_processes_up")
+    since = f" ({steady:.0f} once every pack process was up, {phase['pack_processes_up_after_s']:.1f} s in)" if steady else ""
+    log.info("%s: %.0f tokens/s%s", name, phase["tokens_per_s"], since)
+
+
 def extract(
     url: str, data: Path, output: Path, args: argparse.Namespace, expected_tokens: int, phase: str = ""
 ) -> dict[str, Any]:
@@ -458,9 +502,11 @@ def extract(
     with SAMPLER.sampling(util), PROFILER.profiling(phase if phase in args.profile_phases.split(",") else "") as profile:
         usage_before = {side: process_usage(pid) for side, pid in PROFILER.pids.items()}
         usage_before["pack_processes"] = ended_children_usage()
-        started = time.perf_counter()
-        summary = Extraction(config, metrics=metrics).run()
-        seconds = time.perf_counter() - started
+        with watching_pack_processes(metrics) as watched:
+            started = time.perf_counter()
+            summary = Extraction(config, metrics=metrics).run()
+            ended = time.perf_counter()
+        seconds = ended - started
         usage_after = {side: process_usage(pid) for side, pid in PROFILER.pids.items()}
         usage_after["pack_processes"] = ended_children_usage()
     used = {side: {key: usage_after[side][key] - value for key, value in usage.items()} for side, usage in usage_before.items()}
@@ -494,6 +540,7 @@ def extract(
         "pack_processes": processes,
         "packed_in_process": in_processes,
         **({"pack_process_start_cpu_s": start["user_s"] + start["system_s"]} if start is not None else {}),
+        **once_processes_up(watched, processes, started, ended, summary.total_tokens),
         "rows_per_request": config.rows_per_request,
         "posts": metrics.registry.get_sample_value("hsextract_rows_per_request_count"),
         # rows written from their dump whose answer had not come answer_grace_s later: a POST's rows are answered
@@ -949,7 +996,7 @@ def main() -> int:
                 torch.cuda.empty_cache()
         if "b" not in skip:
             phases["b_e2e_disk"] = extract(url, data, disk / "out", args, tokens, phase="b")
-            log.info("(b) e2e disk: %.0f tokens/s", phases["b_e2e_disk"]["tokens_per_s"])
+            log_rate("(b) e2e disk", phases["b_e2e_disk"])
             results.update(phases=phases)
             sizes = [json.loads(line)["bytes"] for line in (disk / "out" / "samples.jsonl").read_text().splitlines()]
             shutil.rmtree(disk / "out")
@@ -961,7 +1008,7 @@ def main() -> int:
             results.update(phases=phases)
         if "c" not in skip:
             phases["c_e2e_tmpfs"] = extract(url, data, tmpfs / "out", args, tokens, phase="c")
-            log.info("(c) e2e tmpfs: %.0f tokens/s", phases["c_e2e_tmpfs"]["tokens_per_s"])
+            log_rate("(c) e2e tmpfs", phases["c_e2e_tmpfs"])
             results.update(phases=phases)
             if "ref" not in skip:
                 aux_ids = json.loads((tmpfs / "out" / "data_config.json").read_text())["aux_layer_ids"]

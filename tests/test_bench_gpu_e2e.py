@@ -30,6 +30,7 @@ def test_cpu_smoke_runs_the_pack_pairs_in_alternating_order(tmp_path: Path) -> N
     # a pack process's start (its imports) is measured and taken out, and its rows are the ones it packed: over a
     # short phase the starts were most of that CPU, counted before as a cost of every row
     assert tmpfs_phase["pack_process_start_cpu_s"] > 0.05
+    assert "tokens_per_s_once_processes_up" in tmpfs_phase and "pack_processes_up_after_s" in tmpfs_phase
     if tmpfs_phase["packed_in_process"] == 0:  # 24 toy rows can be done before the process is up
         assert tmpfs_phase["per_row"]["pack_processes"] is None
     else:
@@ -39,3 +40,17 @@ def test_cpu_smoke_runs_the_pack_pairs_in_alternating_order(tmp_path: Path) -> N
     assert len(pairs["pair_ratios"]) == 2 and pairs["pack_processes"] == 1
     assert pairs["threads_packed_in_process"] == [0, 0]  # the threads' arm really ran without processes
     assert all(rate > 0 for rate in pairs["threads_tokens_per_s"] + pairs["processes_tokens_per_s"])
+
+
+def test_the_pace_once_every_pack_process_is_up_counts_from_then() -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    from bench_gpu_e2e import once_processes_up
+
+    # (time, tokens written, processes up): the second of two is up 3 s in, with 1000 tokens written
+    samples = [(100.0, 0.0, 0.0), (101.0, 400.0, 1.0), (103.0, 1000.0, 2.0), (104.0, 1500.0, 2.0)]
+    assert once_processes_up(samples, 2, 100.0, 105.0, 3000) == {
+        "pack_processes_up_after_s": 3.0,
+        "tokens_per_s_once_processes_up": 1000.0,
+    }
+    assert once_processes_up(samples, 3, 100.0, 105.0, 3000)["tokens_per_s_once_processes_up"] is None  # never all up
+    assert once_processes_up(samples, 0, 100.0, 105.0, 3000)["pack_processes_up_after_s"] is None  # none asked for

@@ -65,6 +65,12 @@ class ExtractMetrics:
             "Samples read, checked and written in a pack process (pack_processes); the rest on their request threads",
             registry=r,
         )
+        self.pack_processes_up = Gauge(
+            "hsextract_pack_processes_up",
+            "Pack processes ready for rows (pack_processes): 0 until the first is up (each imports torch, seconds); "
+            "rows are packed on their own threads meanwhile",
+            registry=r,
+        )
         self.stage_seconds = Histogram(
             "hsextract_stage_seconds",
             "Seconds per sample in each extractor stage: request (until the server answered or the dump was complete), "

@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -94,14 +95,17 @@ class _Process:
 
 
 class PackProcesses:
-    """``processes`` pack processes, lent to the row threads one job at a time."""
+    """``processes`` pack processes, lent to the row threads one job at a time; ``on_up`` is told how many are up
+    (ready for rows) each time that changes: none at first, each start takes seconds."""
 
-    def __init__(self, processes: int, fmt: OutputFormat, output: Path) -> None:
+    def __init__(self, processes: int, fmt: OutputFormat, output: Path, on_up: Callable[[int], None] = lambda up: None) -> None:
         if processes < 1:
             raise ValueError(f"PackProcesses needs at least one process, not {processes}")
         self._count, self._fmt, self._output = processes, fmt, output
         self._idle: queue.SimpleQueue[_Process] = queue.SimpleQueue()
         self._live = processes  # started or starting, less those that could not be started again
+        self._up = 0  # ready, and not ended since
+        self._on_up = on_up
         self._lock = threading.Lock()
         self._starter = threading.Thread(target=self._start_all, name="hsextract-pack-start", daemon=True)
         self._starter.start()
@@ -126,6 +130,7 @@ class PackProcesses:
         try:
             outcome, value = process.call(job)
         except (EOFError, OSError) as exc:
+            self._count_up(-1)
             error = PackProcessError(
                 f"{process.ended()} while it packed row {job.sample.row} ({type(exc).__name__}); the row is tried again. "
                 "If this repeats, look for the out-of-memory killer (dmesg), or set pack_processes 0"
@@ -143,6 +148,13 @@ class PackProcesses:
         self._starter.join()
         for _ in range(self._live):
             self._idle.get().stop()
+            self._count_up(-1)
+
+    def _count_up(self, change: int) -> None:
+        with self._lock:
+            self._up += change
+            up = self._up
+        self._on_up(up)
 
     def _replace(self) -> None:
         """A new process in place of one that died, started on the calling thread; if it cannot start, one fewer."""
@@ -154,6 +166,7 @@ class PackProcesses:
             with self._lock:
                 self._live -= 1
             return
+        self._count_up(1)
         self._idle.put(process)
 
     def _start_all(self) -> None:
@@ -165,4 +178,5 @@ class PackProcesses:
                 log.warning("%s before it was ready; starting another", process.ended())
                 self._replace()
             else:
+                self._count_up(1)
                 self._idle.put(process)

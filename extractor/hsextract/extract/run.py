@@ -230,7 +230,7 @@ class Extraction:
             gate = self._gate = ServerGate(self.client, ledger, self.metrics, cfg.server_down_timeout_s)
             expectations = Expectations(expect, on_pin=self._pin_dtype)
             processes = cfg.pack_processes_for(plan.todo_rows)
-            packer = PackProcesses(processes, fmt, cfg.output) if processes else None
+            packer = PackProcesses(processes, fmt, cfg.output, self.metrics.pack_processes_up.set) if processes else None
             if packer is not None:
                 log.info("packing in %d processes (pack_processes)", processes)
             worker = RowWorker(setup, self.client, ledger, self.metrics, expectations, open_requests, gate, spot, packer)

@@ -149,3 +149,22 @@ def test_a_sigterm_to_the_group_does_not_end_a_process(packer: PackProcesses, tm
     time.sleep(0.5)
     assert sorted(_pack_processes()) == sorted(processes)
     assert packer.pack(_job(tmp_path, 11)) is not None and packer.pack(_job(tmp_path, 12)) is not None
+
+
+def test_how_many_are_up_is_told_as_they_start_end_and_are_replaced(tmp_path: Path) -> None:
+    """The run's ``hsextract_pack_processes_up``: a process packs nothing while it starts (seconds: it imports
+    torch), and the benchmark times a run's pace from when every one was up."""
+    before = set(_pack_processes())  # the module's packer's
+    ups: list[int] = []
+    one = PackProcesses(1, open_format("specforge", tmp_path / "out"), tmp_path / "out", ups.append)
+    try:
+        _wait_idle(one, 1)
+        assert ups == [1]
+        (pid,) = set(_pack_processes()) - before
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(PackProcessError):
+            one.pack(_job(tmp_path, 13))
+        assert ups == [1, 0, 1]  # it ended, and its replacement is up
+    finally:
+        one.close()
+    assert ups == [1, 0, 1, 0]
