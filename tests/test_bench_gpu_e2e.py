@@ -54,3 +54,19 @@ def test_the_pace_once_every_pack_process_is_up_counts_from_then() -> None:
     }
     assert once_processes_up(samples, 3, 100.0, 105.0, 3000)["tokens_per_s_once_processes_up"] is None  # never all up
     assert once_processes_up(samples, 0, 100.0, 105.0, 3000)["pack_processes_up_after_s"] is None  # none asked for
+
+
+def test_the_headline_gives_the_ratios_once_every_pack_process_is_up_beside_the_whole_phases() -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    from bench_gpu_e2e import headline
+
+    phases = {
+        "a_forward": {"tokens_per_s": 200.0},
+        "b_e2e_disk": {"tokens_per_s": 90.0, "tokens_per_s_once_processes_up": 120.0, "gpu_util_mean": 50.0},
+        "c_e2e_tmpfs": {"tokens_per_s": 100.0, "tokens_per_s_once_processes_up": 160.0},
+        "d_disk_write": {"tokens_per_s": 150.0},
+    }
+    out = headline(phases)
+    assert out["e2e_vs_forward_ratio"] == 0.5 and out["e2e_vs_forward_ratio_once_processes_up"] == 0.8
+    assert out["e2e_vs_limit_ratio"] == 0.6 and out["e2e_vs_limit_ratio_once_processes_up"] == 0.8
+    assert out["met"]["e2e_vs_forward_ratio"] is False  # the targets stay on the whole phase
