@@ -402,7 +402,7 @@ def ended_children_usage() -> dict[str, float]:
 def pack_process_start_usage() -> dict[str, float]:
     """What one pack process spends before its first row (its imports, torch's among them): a process started and
     ended alone, as the run starts each. Subtracted from the pack processes' CPU so that their ``per_row`` is what a
-    row costs them: over a phase of seconds, four starts were a third of that CPU (issue 37)."""
+    row costs them: over the wide model's phases of 6-9 s on one H100's host, four starts were 61-78 % of it (issue 37)."""
     global _START_USAGE
     if _START_USAGE is None:
         before = ended_children_usage()
