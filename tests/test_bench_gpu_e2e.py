@@ -23,7 +23,9 @@ def test_cpu_smoke_runs_the_pack_pairs_in_alternating_order(tmp_path: Path) -> N
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
 
-    phases = json.loads(out.read_text())["phases"]
+    result = json.loads(out.read_text())
+    assert isinstance(result["hardware"]["torch_bytecode_cached"], bool)
+    phases = result["phases"]
     # the pack processes' CPU (they end with the run) is a side beside the run's own process: it was left out
     tmpfs_phase = phases["c_e2e_tmpfs"]
     assert tmpfs_phase["per_row"]["extractor"]["user_ms"] > 0
