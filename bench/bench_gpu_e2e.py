@@ -80,7 +80,6 @@ import torch
 import transformers
 from py_spy import Profiler, find_py_spy
 
-import hsextract
 from hsextract.api import (
     Engine,
     ExtractConfig,
@@ -409,8 +408,7 @@ def pack_process_start_usage() -> dict[str, float]:
     global _START_USAGE
     if _START_USAGE is None:
         before = ended_children_usage()
-        package_root = str(Path(hsextract.__file__).resolve().parents[1])  # as PackProcesses starts them
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))}  # finds the package as this does
         subprocess.run([sys.executable, "-c", "import hsextract.extract.pack_worker"], check=True, env=env)
         after = ended_children_usage()
         _START_USAGE = {key: after[key] - value for key, value in before.items()}
