@@ -52,6 +52,7 @@ is to measure).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import math
@@ -70,10 +71,10 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import torch
@@ -100,6 +101,7 @@ log = logging.getLogger("bench_gpu_e2e")
 TARGETS = {"e2e_vs_forward_ratio": 0.9, "e2e_vs_limit_ratio": 0.9, "e2e_disk_tokens_per_s": 27000.0}
 SYNC_COST_TARGET = 0.97  # (s): the rate with the power-loss fsyncs over the rate without (issue 36)
 GB = 1e9
+T = TypeVar("T")
 DEFAULT_CONCURRENCY: int = ExtractConfig.model_fields["concurrency"].default
 
 
@@ -136,24 +138,30 @@ class GpuSampler:
             else:
                 self.source = "none"
 
-    @contextmanager
-    def sampling(self, into: list[float]) -> Iterator[None]:
-        stop = threading.Event()
+    def sampling(self, into: list[float]) -> AbstractContextManager[None]:
+        return nullcontext() if self._read is None else sampled_every(0.1, self._read, into)
 
-        def run() -> None:
-            while self._read is not None and not stop.wait(0.1):
-                try:
-                    into.append(self._read())
-                except Exception:
-                    return
 
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            thread.join()
+@contextmanager
+def sampled_every(interval_s: float, read: Callable[[], T], into: list[T]) -> Iterator[None]:
+    """``read()`` appended to ``into`` every ``interval_s`` during the block, on a thread of its own; a read that
+    raises ends the sampling, not the phase."""
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(interval_s):
+            try:
+                into.append(read())
+            except Exception:
+                return
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _nvidia_smi_util() -> float:
@@ -440,27 +448,10 @@ def per_row(used: dict[str, float], rows: int) -> dict[str, float]:
     }
 
 
-@contextmanager
-def watching_pack_processes(metrics: ExtractMetrics, interval_s: float = 0.05) -> Iterator[list[tuple[float, float, float]]]:
-    """(time, tokens written, pack processes up) every ``interval_s`` during the block, from the run's own metrics."""
-    samples: list[tuple[float, float, float]] = []
-    done = threading.Event()
-
-    def sample() -> None:
-        while True:
-            tokens = metrics.registry.get_sample_value("hsextract_tokens_total") or 0.0
-            up = metrics.registry.get_sample_value("hsextract_pack_processes_up") or 0.0
-            samples.append((time.perf_counter(), tokens, up))
-            if done.wait(interval_s):
-                return
-
-    watcher = threading.Thread(target=sample, name="pack-processes-watch", daemon=True)
-    watcher.start()
-    try:
-        yield samples
-    finally:
-        done.set()
-        watcher.join()
+def pack_processes_sample(metrics: ExtractMetrics) -> tuple[float, float, float]:
+    """(now, tokens written, pack processes up), from the run's own metrics."""
+    value = metrics.registry.get_sample_value
+    return time.perf_counter(), value("hsextract_tokens_total") or 0.0, value("hsextract_pack_processes_up") or 0.0
 
 
 def once_processes_up(
@@ -504,7 +495,8 @@ def extract(
     with SAMPLER.sampling(util), PROFILER.profiling(phase if phase in args.profile_phases.split(",") else "") as profile:
         usage_before = {side: process_usage(pid) for side, pid in PROFILER.pids.items()}
         usage_before["pack_processes"] = ended_children_usage()
-        with watching_pack_processes(metrics) as watched:
+        watched: list[tuple[float, float, float]] = []
+        with sampled_every(0.05, functools.partial(pack_processes_sample, metrics), watched):
             started = time.perf_counter()
             summary = Extraction(config, metrics=metrics).run()
             ended = time.perf_counter()
@@ -515,10 +507,11 @@ def extract(
     cpu = {side: (u["user_s"] + u["system_s"]) / seconds for side, u in used.items()}
     processes = config.pack_processes_for(summary.total_samples)
     in_processes = int(metrics.registry.get_sample_value("hsextract_packed_in_process_total") or 0)
-    # a side's cost per row it handled: the pack processes' over the rows they packed, less their starts
+    # a side's cost per row it handled: the pack processes' over the rows they packed, less their starts; none packed
+    # in a process (a short run: they were still starting) gives no figure
     rows = {side: summary.total_samples for side in used}
     start = pack_process_start_usage() if processes else None
-    if start is not None:  # no row packed in a process (a short run: they were still starting): no figure
+    if start is not None:
         used["pack_processes"] = pack_process_rows_usage(used["pack_processes"], processes, start)
         rows["pack_processes"] = in_processes
     after = scrape(url)
