@@ -18,6 +18,8 @@ Then, in one run:
     (what ``hsextract extract`` runs, in this process so its stage metrics can be read) with the
     output on the local disk (--disk-dir); wall time including preflight and planning.
 (c) ``e2e_tmpfs``: the same with the output on tmpfs (--tmpfs-dir).
+    Both in the extractor's --format (default specforge) and --storage (FP8 with ``--format speculators
+    --storage float8_e4m3fn``: half the bytes, quantized on the GPU).
 (d) ``disk_write``: the disk's limit (``plain_write``): the same files' sizes (from (b)'s samples.jsonl)
     written to --disk-dir by ``DISK_LIMIT_THREADS`` threads, each file fsynced as the extractor syncs
     its samples, in tokens/s.
@@ -95,6 +97,7 @@ from hsextract.api import (
 )
 from hsextract.contract.files.dump_pages import tmpfs_mount
 from hsextract.contract.files.dumps import read_dump
+from hsextract.contract.files.fp8 import FP8_STORAGE, bytes_per_token, dequantize
 from hsextract.contract.rids import make_rid
 
 log = logging.getLogger("bench_gpu_e2e")
@@ -486,6 +489,8 @@ def extract(
             "concurrency": args.concurrency,
             "pack_processes": args.pack_processes,
             "output_io": args.output_io,
+            "format": args.format,
+            "storage": args.storage,
             **({"rows_per_request": args.rows_per_request} if args.rows_per_request is not None else {}),
             "log_interval_s": 15.0,
         }
@@ -718,31 +723,60 @@ def plain_write(
 
 
 # -- reference checks -----------------------------------------------------------------------------------
+#: the reference's largest error at a layer's own index, max |diff| / max |ref|: bf16 batch noise; FP8 adds its rounding,
+#: up to 2**-4 of a token's largest value (e4m3's 3 mantissa bits)
+REFERENCE_TOLERANCE = {"auto": 0.05, FP8_STORAGE: 0.1}
+
+
+def stored_states(stored: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stored sample's aux states ``[T, k, H]`` and final state ``[T, H]`` as float32 on ``device`` (FP8 dequantized)."""
+    aux, final = stored.aux_hidden_states.to(device), stored.final_hidden_state.to(device)
+    if stored.hidden_states_scales is None:
+        return aux.float(), final.float()
+    whole = dequantize(torch.cat([aux, final.unsqueeze(1)], dim=1), stored.hidden_states_scales.to(device), torch.float32)
+    return whole[:, :-1], whole[:, -1]
+
+
 @torch.inference_mode()
-def reference_bf16(model: Any, output: Path, rows: int, aux_ids: list[int], device: torch.device) -> dict[str, Any]:
-    """The first rows of an output against a batch-1 plain forward of each row on the same model."""
-    fmt = open_format("specforge", output)
+def reference_bf16(
+    model: Any, output: Path, rows: int, aux_ids: list[int], device: torch.device, fmt_name: str = "specforge",
+    storage: str = "auto",
+) -> dict[str, Any]:  # fmt: skip
+    """The first rows of an output against a batch-1 plain forward of each row on the same model. The final state is
+    the final norm's output (specforge) or its input, the last layer's output (speculators: its trainer norms it)."""
+    fmt = open_format(fmt_name, output)
+    tolerance = REFERENCE_TOLERANCE[storage]
+    prenorm: list[torch.Tensor] = []
+    hook = model.base_model.norm.register_forward_hook(lambda _module, inputs, _output: prenorm.append(inputs[0][0]))
     worst_own, best_neighbour_margin, worst_final = 0.0, math.inf, 0.0
-    for row in range(rows):
-        stored = fmt.read_sample(row)
-        out = model.base_model(input_ids=stored.input_ids.unsqueeze(0).to(device), output_hidden_states=True, use_cache=False)
-        states = [h[0].float() for h in out.hidden_states]
-        for k, layer_id in enumerate(aux_ids):
-            got = stored.aux_hidden_states[:, k].to(device).float()
-            scale = states[layer_id + 1].abs().max().item()
-            own = (got - states[layer_id + 1]).abs().max().item() / scale
-            neighbours = [
-                (got - states[i]).abs().max().item() / scale for i in (layer_id, layer_id + 2) if 0 <= i < len(states) - 1
-            ]
-            worst_own = max(worst_own, own)
-            best_neighbour_margin = min(best_neighbour_margin, min(neighbours) / max(own, 1e-9))
-        final = stored.final_hidden_state.to(device).float()
-        worst_final = max(worst_final, (final - states[-1]).abs().max().item() / states[-1].abs().max().item())
-    passed = worst_own < 0.05 and worst_final < 0.05 and best_neighbour_margin > 5
+    try:
+        for row in range(rows):
+            stored = fmt.read_sample(row)
+            ids = stored.input_ids.unsqueeze(0).to(device)
+            out = model.base_model(input_ids=ids, output_hidden_states=True, use_cache=False)
+            states = [h[0].float() for h in out.hidden_states]
+            final_ref = prenorm[-1].float() if fmt_name == "speculators" else states[-1]
+            prenorm.clear()
+            aux, final = stored_states(stored, device)
+            for k, layer_id in enumerate(aux_ids):
+                got = aux[:, k]
+                scale = states[layer_id + 1].abs().max().item()
+                own = (got - states[layer_id + 1]).abs().max().item() / scale
+                neighbours = [
+                    (got - states[i]).abs().max().item() / scale for i in (layer_id, layer_id + 2) if 0 <= i < len(states) - 1
+                ]
+                worst_own = max(worst_own, own)
+                best_neighbour_margin = min(best_neighbour_margin, min(neighbours) / max(own, 1e-9))
+            worst_final = max(worst_final, (final - final_ref).abs().max().item() / final_ref.abs().max().item())
+    finally:
+        hook.remove()
+    passed = worst_own < tolerance and worst_final < tolerance and best_neighbour_margin > 5
     return {
-        "what": "first rows of (c)'s output vs a batch-1 plain forward of each row, same bf16 model on the GPU; "
-        "max |diff| / max |ref| at the layer's own hidden_states index, and how much farther the neighbouring indices are",
+        "what": f"first rows of (c)'s output ({fmt_name}, storage {storage}) vs a batch-1 plain forward of each row, same "
+        "bf16 model on the GPU; max |diff| / max |ref| at the layer's own hidden_states index, and how much farther the "
+        "neighbouring indices are",
         "rows": rows,
+        "tolerance": tolerance,
         "worst_relative_error_own_index": worst_own,
         "worst_relative_error_final": worst_final,
         "smallest_neighbour_over_own": best_neighbour_margin,
@@ -870,6 +904,13 @@ def setup_logging(*noisy: str) -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+def output_bytes_per_token(args: argparse.Namespace) -> int:
+    """A token's bytes in the output: three aux layers and the final state, as stored."""
+    if args.storage == FP8_STORAGE:
+        return bytes_per_token(3 + 1, args.hidden)
+    return (3 + 1) * args.hidden * 2
+
+
 def config_json(args: argparse.Namespace) -> dict[str, Any]:
     """The run's arguments as the result JSON records them."""
     return {k: (str(v) if isinstance(v, Path | torch.dtype) else v) for k, v in vars(args).items()}
@@ -893,6 +934,10 @@ def parse_args() -> argparse.Namespace:
     add("--max-batch-tokens", type=int, default=16384, help="token budget of one forward, (a) and the server")
     add("--reference-rows", type=int, default=8, help="rows of (c)'s output compared with a plain forward")
     add("--skip", default="", help="comma-separated phases to skip: a,b,c,d,ref")
+    add("--format", choices=["specforge", "speculators"], default="specforge", help="the extractor's --format in (b) and "
+        "(c) (default: %(default)s)")  # fmt: skip
+    add("--storage", choices=["auto", FP8_STORAGE], default="auto", help="the extractor's --storage: float8_e4m3fn "
+        "(speculators only) stores half the bytes, so (d) writes FP8-sized files (default: %(default)s)")  # fmt: skip
     add("--pack-pairs", type=int, default=0, help="(p): pairs of (c) without and with pack processes (--pack-processes, "
         "else the CLI's default), in alternating order (default: 0, none)")
     add("--sync-pairs", type=int, default=0, help="(s): pairs of (b) with and without the power-loss fsyncs "
@@ -911,6 +956,8 @@ def parse_args() -> argparse.Namespace:
         "side) during the phases: how long a thread wanting the GIL waits for a running one (default: Python's 0.005)")
     add("--cpu-smoke", action="store_true", help="toy sizes on the CPU: checks the script end to end, measures nothing")
     args = parser.parse_args()
+    if args.storage == FP8_STORAGE and args.format != "speculators":
+        parser.error("--storage float8_e4m3fn needs --format speculators (the one format that stores FP8)")
     if args.cpu_smoke:
         args.rows, args.median, args.longest, args.max_seq_len = 24, 60, 300, 200
         args.max_batch_tokens, args.chunked_prefill_size, args.concurrency = 512, 128, 8
@@ -960,7 +1007,7 @@ def main() -> int:
         dataset = make_dataset(data, args)
         rows = read_rows(data, args.max_seq_len)
         tokens = sum(len(r) for r in rows)
-        need = tokens * (3 + 1) * args.hidden * 2 * 1.05
+        need = tokens * output_bytes_per_token(args) * 1.05
         free = shutil.disk_usage(disk).free
         if "b" not in skip and need > free:
             raise SystemExit(
@@ -996,7 +1043,7 @@ def main() -> int:
             sizes = [json.loads(line)["bytes"] for line in (disk / "out" / "samples.jsonl").read_text().splitlines()]
             shutil.rmtree(disk / "out")
         else:
-            sizes = [len(r) * (3 + 1) * args.hidden * 2 + 2000 for r in rows]
+            sizes = [len(r) * output_bytes_per_token(args) + 2000 for r in rows]
         if args.sync_pairs:
             phases["s_sync_cost"] = sync_cost(url, data, disk, args, tokens)
             log.info("(s) synced vs unsynced: %.3f", phases["s_sync_cost"]["synced_vs_unsynced_rate_ratio"])
@@ -1007,7 +1054,8 @@ def main() -> int:
             results.update(phases=phases)
             if "ref" not in skip:
                 aux_ids = json.loads((tmpfs / "out" / "data_config.json").read_text())["aux_layer_ids"]
-                results.update(reference_bf16=reference_bf16(model, tmpfs / "out", args.reference_rows, aux_ids, device))
+                reference = reference_bf16(model, tmpfs / "out", args.reference_rows, aux_ids, device, args.format, args.storage)
+                results.update(reference_bf16=reference)
                 log.info("bf16 reference: %s", results.data["reference_bf16"])
             shutil.rmtree(tmpfs / "out")
         if args.pack_pairs:

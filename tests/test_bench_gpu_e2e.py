@@ -72,3 +72,35 @@ def test_the_headline_gives_the_ratios_once_every_pack_process_is_up_beside_the_
     assert out["e2e_vs_forward_ratio"] == 0.5 and out["e2e_vs_forward_ratio_once_processes_up"] == 0.8
     assert out["e2e_vs_limit_ratio"] == 0.6 and out["e2e_vs_limit_ratio_once_processes_up"] == 0.8
     assert out["met"]["e2e_vs_forward_ratio"] is False  # the targets stay on the whole phase
+
+
+def test_cpu_smoke_extracts_fp8_and_checks_it_against_the_forward(tmp_path: Path) -> None:
+    """--format speculators --storage float8_e4m3fn: (c) stores FP8 (about half the bytes of bf16 a token) and the
+    reference check dequantizes it before comparing with a plain forward, at FP8's tolerance."""
+    out = tmp_path / "results-gpu-e2e.json"
+    path = [str(REPO / "extractor"), str(REPO / "bench"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    command = [sys.executable, str(REPO / "bench" / "bench_gpu_e2e.py"), "--cpu-smoke", "--out", str(out)]
+    command += ["--disk-dir", str(tmp_path / "disk"), "--tmpfs-dir", str(tmp_path), "--skip", "a,b,d"]
+    command += ["--format", "speculators", "--storage", "float8_e4m3fn", "--pack-processes", "1"]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+    result = json.loads(out.read_text())
+    phase = result["phases"]["c_e2e_tmpfs"]
+    hidden = result["config"]["hidden"]
+    bf16_bytes = phase["tokens"] * 4 * hidden * 2
+    assert 0.45 < phase["output_bytes"] / bf16_bytes < 0.6
+    reference = result["reference_bf16"]
+    assert reference["tolerance"] == 0.1 and "float8_e4m3fn" in reference["what"]
+    assert reference["passed"], reference
+
+
+def test_fp8_storage_without_the_speculators_format_is_refused_before_any_work(tmp_path: Path) -> None:
+    command = [sys.executable, str(REPO / "bench" / "bench_gpu_e2e.py"), "--cpu-smoke", "--storage", "float8_e4m3fn"]
+    path = [str(REPO / "extractor"), str(REPO / "bench"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    done = subprocess.run(command, cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.pathsep.join(path)},
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2
+    assert "--storage float8_e4m3fn needs --format speculators" in done.stderr
+    assert not list(tmp_path.iterdir())
