@@ -13,14 +13,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+def bench_env() -> dict[str, str]:
+    """This environment with the package and bench/ importable, as `make bench-gpu-e2e` runs the script."""
+    path = [str(REPO / "extractor"), str(REPO / "bench"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+
+
 def test_cpu_smoke_runs_the_pack_pairs_in_alternating_order(tmp_path: Path) -> None:
     out = tmp_path / "results-gpu-e2e.json"
-    path = [str(REPO / "extractor"), str(REPO / "bench"), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     command = [sys.executable, str(REPO / "bench" / "bench_gpu_e2e.py"), "--cpu-smoke", "--out", str(out)]
     command += ["--disk-dir", str(tmp_path / "disk"), "--tmpfs-dir", str(tmp_path), "--skip", "a,b,d,ref"]
     command += ["--pack-pairs", "2", "--pack-processes", "1"]
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command, cwd=REPO, env=bench_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
 
     result = json.loads(out.read_text())
@@ -78,12 +82,10 @@ def test_cpu_smoke_extracts_fp8_and_checks_it_against_the_forward(tmp_path: Path
     """--format speculators --storage float8_e4m3fn: (c) stores FP8 (about half the bytes of bf16 a token) and the
     reference check dequantizes it before comparing with a plain forward, at FP8's tolerance."""
     out = tmp_path / "results-gpu-e2e.json"
-    path = [str(REPO / "extractor"), str(REPO / "bench"), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     command = [sys.executable, str(REPO / "bench" / "bench_gpu_e2e.py"), "--cpu-smoke", "--out", str(out)]
     command += ["--disk-dir", str(tmp_path / "disk"), "--tmpfs-dir", str(tmp_path), "--skip", "a,b,d"]
     command += ["--format", "speculators", "--storage", "float8_e4m3fn", "--pack-processes", "1"]
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command, cwd=REPO, env=bench_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
 
     result = json.loads(out.read_text())
@@ -98,9 +100,7 @@ def test_cpu_smoke_extracts_fp8_and_checks_it_against_the_forward(tmp_path: Path
 
 def test_fp8_storage_without_the_speculators_format_is_refused_before_any_work(tmp_path: Path) -> None:
     command = [sys.executable, str(REPO / "bench" / "bench_gpu_e2e.py"), "--cpu-smoke", "--storage", "float8_e4m3fn"]
-    path = [str(REPO / "extractor"), str(REPO / "bench"), *filter(None, [os.environ.get("PYTHONPATH")])]
-    done = subprocess.run(command, cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.pathsep.join(path)},
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(command, cwd=tmp_path, env=bench_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "--storage float8_e4m3fn needs --format speculators" in done.stderr
     assert not list(tmp_path.iterdir())
