@@ -49,7 +49,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -113,22 +112,12 @@ def cpu_sampling(into: dict[str, Any], interval_s: float = 0.25) -> Iterator[Non
         into["source"] = "none"
         yield
         return
-    samples = [first]
-    stop = threading.Event()
-
-    def run() -> None:
-        while not stop.wait(interval_s):
-            now = read_proc_stat()
-            if now is not None:
-                samples.append(now)
-
-    thread = threading.Thread(target=run, name="cpu-sampler", daemon=True)
-    thread.start()
+    read: list[list[int] | None] = []
     try:
-        yield
+        with e2e.sampled_every(interval_s, read_proc_stat, read):
+            yield
     finally:
-        stop.set()
-        thread.join()
+        samples = [first, *(sample for sample in read if sample is not None)]  # an unreadable /proc/stat gives None
         last = read_proc_stat()
         samples.append(last if last is not None else samples[-1])
 
