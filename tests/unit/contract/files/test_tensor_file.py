@@ -102,7 +102,8 @@ def test_a_stacked_tensor_is_written_as_the_bytes_of_its_whole_cat(
     ids = torch.arange(7)
     whole = {"token_ids": ids, "hidden_states": torch.cat([aux, final.unsqueeze(1)], dim=1)}
     save_file(whole, str(tmp_path / "library.safetensors"))
-    stacked = {"token_ids": ids, "hidden_states": tensor_file.Stacked((aux, final[:, None]))}
+    hidden = tensor_file.Stacked((aux, final[:, None]))
+    stacked: dict[str, torch.Tensor | tensor_file.Stacked] = {"token_ids": ids, "hidden_states": hidden}
     pieces = tensor_file.safetensors_stream(tensor_file.in_library_order(stacked))
     written = 0
     with open(tmp_path / "stacked.safetensors", "wb") as out:
@@ -110,7 +111,7 @@ def test_a_stacked_tensor_is_written_as_the_bytes_of_its_whole_cat(
             out.write(bytes(piece))
             written += 1
     assert (tmp_path / "stacked.safetensors").read_bytes() == (tmp_path / "library.safetensors").read_bytes()
-    assert stacked["hidden_states"].shape == (7, 4, 5)
+    assert hidden.shape == (7, 4, 5)
     token_bytes = 4 * 5 * 2
     assert written == 2 + -(-7 // max(1, piece_bytes // token_bytes))  # the header, the ids, then the pieces
 
