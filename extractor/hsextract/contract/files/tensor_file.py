@@ -43,7 +43,7 @@ class Stacked:
     """``torch.cat(parts, dim=1)`` of host tensors ``[T, S_i, ...]`` of one dtype, as a file holds it, never built
     whole: :func:`safetensors_stream` builds it a few tokens at a time in one reused buffer. A wide row's whole
     ``cat`` is a new tensor of tens of MB, its pages faulted in and freed each row; in the pack processes it was
-    about half of a speculators row's CPU (bench/results-gpu-e2e-h200-speculators.json)."""
+    0.34-0.43 of a speculators row's samples on one H200's host (bench/results-gpu-e2e-h200-speculators.json)."""
 
     parts: tuple[torch.Tensor, ...]
 
