@@ -10,10 +10,13 @@ with ``safetensors.safe_open`` like any other.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -31,6 +34,43 @@ _DTYPES = {
     torch.float8_e4m3fn: "F8_E4M3",
 }
 _MAX_WRITE = 1 << 30  # bytes per writev call; Linux caps one call at about 2 GiB anyway
+#: bytes of a :class:`Stacked` tensor built at a time: small enough to stay in the core's cache
+STACKED_PIECE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Stacked:
+    """``torch.cat(parts, dim=1)`` of host tensors ``[T, S_i, ...]`` of one dtype, as a file holds it, never built
+    whole: :func:`safetensors_stream` builds it a few tokens at a time in one reused buffer. A wide row's whole
+    ``cat`` is a new tensor of tens of MB, its pages faulted in and freed each row; in the pack processes it was
+    0.34-0.43 of a speculators row's samples on one H200's host (bench/results-gpu-e2e-h200-speculators.json)."""
+
+    parts: tuple[torch.Tensor, ...]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.parts[0].dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        first = self.parts[0]
+        return (first.shape[0], sum(part.shape[1] for part in self.parts), *first.shape[2:])
+
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.parts[0].element_size()
+
+    def pieces(self) -> Iterator[memoryview]:
+        """Its bytes in order, about :data:`STACKED_PIECE_BYTES` at a time (whole tokens, one at least); each piece
+        is valid until the next is asked for (one buffer)."""
+        tokens, *rest = self.shape
+        token_bytes = self.nbytes() // tokens if tokens else 0
+        step = max(1, STACKED_PIECE_BYTES // max(token_bytes, 1))
+        buffer = torch.empty((min(step, tokens), *rest), dtype=self.dtype)
+        for start in range(0, tokens, step):
+            count = min(step, tokens - start)
+            piece = buffer[:count]
+            torch.cat([part[start : start + count] for part in self.parts], dim=1, out=piece)
+            yield _bytes_of(piece)
 
 
 def _bytes_of(tensor: torch.Tensor) -> memoryview:
@@ -45,7 +85,14 @@ def _bytes_of(tensor: torch.Tensor) -> memoryview:
     return view.cast("B")
 
 
-def safetensors_header(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> bytes:
+AnyTensor = TypeVar("AnyTensor", bound=torch.Tensor | Stacked)
+
+
+def _nbytes(tensor: torch.Tensor | Stacked) -> int:
+    return tensor.nbytes() if isinstance(tensor, Stacked) else tensor.numel() * tensor.element_size()
+
+
+def safetensors_header(tensors: Mapping[str, torch.Tensor | Stacked], metadata: Mapping[str, str] | None = None) -> bytes:
     """The length prefix and JSON header for ``tensors`` laid out in the given order."""
     header: dict[str, object] = {}
     if metadata:
@@ -54,7 +101,7 @@ def safetensors_header(tensors: Mapping[str, torch.Tensor], metadata: Mapping[st
     for name, tensor in tensors.items():
         if tensor.dtype not in _DTYPES:
             raise ValueError(f"tensor {name} has dtype {tensor.dtype}, which safetensors does not store")
-        size = tensor.numel() * tensor.element_size()
+        size = _nbytes(tensor)
         header[name] = {"dtype": _DTYPES[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [offset, offset + size]}
         offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
@@ -66,7 +113,7 @@ def safetensors_header(tensors: Mapping[str, torch.Tensor], metadata: Mapping[st
 _LIBRARY_ORDER = ("I64", "F64", "F32", "I32", "BF16", "F16", "I16", "F8_E4M3", "I8", "U8", "BOOL")
 
 
-def in_library_order(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def in_library_order(tensors: Mapping[str, AnyTensor]) -> dict[str, AnyTensor]:
     """``tensors`` in the order ``safetensors.torch.save_file`` lays them out (by dtype, then by name), so a file
     written from them holds its bytes exactly."""
     return dict(sorted(tensors.items(), key=lambda item: (_LIBRARY_ORDER.index(_DTYPES[item[1].dtype]), item[0])))
@@ -76,6 +123,19 @@ def safetensors_pieces(tensors: Mapping[str, torch.Tensor], metadata: Mapping[st
     """The file's bytes in order, without a copy: the length prefix and header, then each tensor's memory."""
     views = [_bytes_of(t) for t in tensors.values()]
     return [memoryview(safetensors_header(tensors, metadata)), *(v for v in views if v.nbytes)]
+
+
+def safetensors_stream(tensors: Mapping[str, torch.Tensor | Stacked]) -> Iterator[memoryview]:
+    """:func:`safetensors_pieces` one at a time, where a :class:`Stacked` tensor's pieces come from one reused buffer:
+    write each before asking for the next."""
+    yield memoryview(safetensors_header(tensors))
+    for tensor in tensors.values():
+        if isinstance(tensor, Stacked):
+            yield from tensor.pieces()
+        else:
+            view = _bytes_of(tensor)
+            if view.nbytes:
+                yield view
 
 
 def write_safetensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> int:

@@ -28,7 +28,7 @@ from safetensors.torch import load_file
 
 from hsextract.contract.files import fp8
 from hsextract.contract.files.dumps import FINAL_SLOT_PRENORM, Dump
-from hsextract.contract.files.tensor_file import in_library_order, safetensors_pieces
+from hsextract.contract.files.tensor_file import Stacked, in_library_order, safetensors_stream
 from hsextract.contract.states import ErrorReason
 from hsextract.durable.atomic import remove_quietly, temp_path
 from hsextract.durable.sync import sync_dir, sync_tree
@@ -156,7 +156,7 @@ class SpeculatorsFormat(OutputFormat):
                     "the pre-norm one (the request asks for it: the server must honour hsextract_final_prenorm)",
                 )
             # the server's FP8 bytes and scales as they are: no dequantize, no requantize
-            tensors = {
+            tensors: dict[str, torch.Tensor | Stacked] = {
                 "token_ids": token_ids,
                 "hidden_states": dump.hidden_states,
                 "hidden_states_scales": dump.hidden_states_scales,
@@ -170,7 +170,8 @@ class SpeculatorsFormat(OutputFormat):
                 )
             tensors = {
                 "token_ids": token_ids,
-                "hidden_states": torch.cat([aux, dump.final_prenorm_hidden_state.unsqueeze(1)], dim=1),
+                # [T, K+1, H] as the file holds it, built a few tokens at a time as it is written (Stacked says why)
+                "hidden_states": Stacked((aux, dump.final_prenorm_hidden_state.unsqueeze(1))),
             }
         path = self.sample_path(sample.row)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -178,7 +179,7 @@ class SpeculatorsFormat(OutputFormat):
         try:
             # the bytes safetensors' save_file writes, from the tensors' memory, checksummed as they go
             with SampleFile(tmp, self.direct_io) as out:
-                for piece in safetensors_pieces(in_library_order(tensors)):
+                for piece in safetensors_stream(in_library_order(tensors)):
                     out.write(piece)
                 written = out.finish()
             os.replace(tmp, path)  # synced by the row worker once the dump is freed, before the row is recorded

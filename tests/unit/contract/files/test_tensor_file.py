@@ -86,3 +86,36 @@ def test_pieces_in_library_order_are_the_bytes_of_save_file(tmp_path: Path, tens
     save_file(tensors, str(tmp_path / "library.safetensors"))
     ours = b"".join(bytes(piece) for piece in tensor_file.safetensors_pieces(tensor_file.in_library_order(tensors)))
     assert ours == (tmp_path / "library.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("piece_bytes", [1, 3 * 4 * 5 * 2, 1000, 1 << 20])
+def test_a_stacked_tensor_is_written_as_the_bytes_of_its_whole_cat(
+    tmp_path: Path, piece_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stacked builds ``cat(parts, dim=1)`` a few tokens at a time: the file is byte for byte safetensors' own of the
+    whole ``cat``, whatever the piece size (one token, one token exactly, a part of the tokens, all of them)."""
+    from safetensors.torch import save_file
+
+    monkeypatch.setattr(tensor_file, "STACKED_PIECE_BYTES", piece_bytes)
+
+    aux, final = torch.randn(7, 3, 5).bfloat16(), torch.randn(7, 5).bfloat16()
+    ids = torch.arange(7)
+    whole = {"token_ids": ids, "hidden_states": torch.cat([aux, final.unsqueeze(1)], dim=1)}
+    save_file(whole, str(tmp_path / "library.safetensors"))
+    hidden = tensor_file.Stacked((aux, final[:, None]))
+    stacked: dict[str, torch.Tensor | tensor_file.Stacked] = {"token_ids": ids, "hidden_states": hidden}
+    pieces = tensor_file.safetensors_stream(tensor_file.in_library_order(stacked))
+    written = 0
+    with open(tmp_path / "stacked.safetensors", "wb") as out:
+        for piece in pieces:  # each piece before the next: they share one buffer
+            out.write(bytes(piece))
+            written += 1
+    assert (tmp_path / "stacked.safetensors").read_bytes() == (tmp_path / "library.safetensors").read_bytes()
+    assert hidden.shape == (7, 4, 5)
+    token_bytes = 4 * 5 * 2
+    assert written == 2 + -(-7 // max(1, piece_bytes // token_bytes))  # the header, the ids, then the pieces
+
+
+def test_a_stacked_tensor_of_no_tokens_writes_no_bytes() -> None:
+    empty = tensor_file.Stacked((torch.zeros(0, 3, 5).bfloat16(), torch.zeros(0, 1, 5).bfloat16()))
+    assert empty.nbytes() == 0 and list(empty.pieces()) == []
