@@ -633,6 +633,8 @@ def start_server(
         command += ["--cuda-graphs", args.cuda_graphs]
     if getattr(args, "dump_writers", None) is not None:
         command += ["--dump-writers", str(args.dump_writers)]
+    if getattr(args, "dump_queue_size", None) is not None:
+        command += ["--dump-queue-size", str(args.dump_queue_size)]
     with open(log_path, "wb") as server_log:
         server = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT)
     return server, f"http://127.0.0.1:{port}"
@@ -875,6 +877,8 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
     add("--output-io", choices=["auto", "direct", "buffered"], default=OUTPUT_IO, help="how the extractor writes sample "
         "files, and the disk's limit (d) with them (default: %(default)s, the CLI's)")  # fmt: skip
     add("--dump-writers", type=int, default=None, help="the server's dump-writer threads (default: serve's)")
+    add("--dump-queue-size", type=int, default=None, help="the server's batches queued for its dump writers, and half as "
+        "many pinned buffers (default: serve's)")  # fmt: skip
     add("--rows-per-request", type=int, default=None, help="the extractor's rows in one /generate at most (default: the CLI's)")
     add("--hidden", type=int, default=4096)
     add("--intermediate", type=int, default=14336)

@@ -100,7 +100,7 @@ def test_metrics_show_where_the_server_spends_its_time(model_dir, start_server) 
         generate(server.url, make_rid(row, 30), list(range(30)))
     text = httpx.get(server.url + "/metrics").text
     values = {(s.name, s.labels.get("stage")): s.value for family in text_string_to_metric_families(text) for s in family.samples}
-    for stage in ("queue", "launch", "forward", "dump_write"):
+    for stage in ("queue", "idle", "launch", "forward", "wait_sink", "dump_write"):
         assert values[("hsextract_server_stage_seconds_count", stage)] >= 1, stage
         assert values[("hsextract_server_stage_seconds_sum", stage)] > 0, stage
     assert values[("hsextract_server_dumps_total", None)] == 3

@@ -163,7 +163,9 @@ class DumpSink:
         """Enqueue one extend batch; blocks only when the queue is full (back-pressure)."""
         with self._lock:
             self._unfinished += 1
+        started = time.perf_counter()
         self._queue.put(batch)
+        self.clock.observe("wait_sink", time.perf_counter() - started)
 
     def flush(self) -> None:
         """Wait until every submitted batch has been assembled and its dumps written."""

@@ -3,10 +3,17 @@
 Stages (``hsextract_server_stage_seconds{stage=...}``, a histogram per stage):
 
 * ``queue``: a request's wait from arrival to the start of its forward (embedded engine)
+* ``idle``: the scheduler's wait from running out of work to the next request (embedded engine): long
+  ones while requests queue elsewhere mean the client, not the server, sets the pace
+* ``wait_device``: the scheduler's wait for the older of the forwards queued on the device to end before
+  launching another (embedded engine): the device is the limit while this fills the scheduler's time
 * ``launch``: host time the scheduler thread spent queueing one batched forward (on a GPU the
   forward itself runs on; a launch as long as the forward would leave the device waiting)
 * ``forward``: GPU time of one forward (batch or chunk), from CUDA events (host time on the CPU)
 * ``d2h``: GPU time of one batch's device-to-host copy on the side stream
+* ``wait_pinned``: the forward thread's wait for a free pinned buffer (every one still held by batches whose
+  dumps are being written: the dump writers are the limit while this grows)
+* ``wait_sink``: the forward thread's wait for room in the dump assembler's queue
 * ``wait_copy``: how long the dump assembler waited for a copy to land
 * ``dump_write``: one dump written (a writer thread; several run at once)
 * ``spot_check``: host time the scheduler thread spent launching one spot check's unbatched forward (no other
@@ -27,7 +34,20 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-STAGES = ("queue", "launch", "forward", "d2h", "wait_copy", "dump_write", "spot_check", "spot_check_forward")
+STAGES = (
+    "queue",
+    "idle",
+    "wait_device",
+    "launch",
+    "forward",
+    "d2h",
+    "wait_pinned",
+    "wait_sink",
+    "wait_copy",
+    "dump_write",
+    "spot_check",
+    "spot_check_forward",
+)
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 

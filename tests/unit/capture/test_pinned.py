@@ -9,6 +9,7 @@ import torch
 
 from hsextract.capture.dump_sink import Segment
 from hsextract.capture.pinned import HostCopier, PinnedPool
+from hsextract.capture.stages import StageClock
 from hsextract.contract.rids import make_rid
 
 
@@ -24,8 +25,20 @@ def test_buffers_are_reused_and_grow() -> None:
     assert smaller.aux.numel() >= 16 * 3 * 8  # never shrinks
 
 
-def test_acquire_blocks_until_a_buffer_is_released() -> None:
+def test_a_kind_first_used_after_the_reserve_is_grown_to_the_reserved_size_once() -> None:
     pool = PinnedPool(slots=1, pin=False)
+    pool.reserve(16, 3, 8, torch.bfloat16)
+    first = pool.acquire(4, 3, 8, torch.bfloat16, prenorm=True, fp8_tokens=4)
+    prenorm, fp8, scales = first.prenorm, first.fp8, first.scales
+    assert prenorm.numel() == 16 * 8 and fp8.numel() == 16 * 4 * 8 and scales.numel() == 16
+    pool.release(first)
+    larger = pool.acquire(12, 3, 8, torch.bfloat16, prenorm=True, fp8_tokens=12)
+    assert larger.prenorm is prenorm and larger.fp8 is fp8 and larger.scales is scales  # not pinned again
+
+
+def test_acquire_blocks_until_a_buffer_is_released() -> None:
+    clock = StageClock()
+    pool = PinnedPool(slots=1, pin=False, clock=clock)
     held = pool.acquire(1, 1, 8, torch.float32)
     got: list[object] = []
     waiter = threading.Thread(target=lambda: got.append(pool.acquire(1, 1, 8, torch.float32)))
@@ -35,6 +48,7 @@ def test_acquire_blocks_until_a_buffer_is_released() -> None:
     pool.release(held)
     waiter.join(timeout=5)
     assert got == [held]
+    assert clock.counts()["wait_pinned"] == 2 and clock.totals()["wait_pinned"] >= 0.3  # the wait is on the stage clock
 
 
 def _rows(n: int, k: int = 3, h: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

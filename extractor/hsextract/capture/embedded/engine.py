@@ -139,7 +139,7 @@ class Engine:
                 writers=config.dump_writers,
                 clock=self.clock,
             )
-        self.copier = HostCopier(slots=max(2, config.dump_queue_size // 2), pin=self.cuda)
+        self.copier = HostCopier(slots=max(2, config.dump_queue_size // 2), pin=self.cuda, clock=self.clock)
         if self.cuda and dump:
             largest = max(self.max_batch_tokens, self.chunk_size or 0)
             self.copier.pool.reserve(largest, len(self.capture), self.hidden_size, self.dtype)
@@ -255,10 +255,17 @@ class Engine:
 
     # -- scheduler ----------------------------------------------------------------------------------
     def _loop(self) -> None:
+        idle_since: float | None = None  # when the scheduler last ran out of work
         while not self._stop.is_set():
-            self._drain_inbox(block=not (self._waiting or self._chunking or self._alone))
+            has_work = bool(self._waiting or self._chunking or self._alone)
+            if not has_work and idle_since is None:
+                idle_since = time.perf_counter()
+            self._drain_inbox(block=not has_work)
             if self._stop.is_set():
                 break
+            if idle_since is not None and (self._waiting or self._alone):
+                self.clock.observe("idle", time.perf_counter() - idle_since)
+                idle_since = None
             try:
                 self._step()
             except Exception:  # a failed forward fails its requests, not the server
@@ -285,8 +292,12 @@ class Engine:
 
     def _wait_for_room(self) -> None:
         """Keep at most FORWARDS_IN_FLIGHT forwards queued: wait for the oldest one's own end."""
+        if len(self._in_flight) < FORWARDS_IN_FLIGHT:
+            return
+        started = time.perf_counter()
         while len(self._in_flight) >= FORWARDS_IN_FLIGHT:
             self._in_flight.popleft().synchronize()
+        self.clock.observe("wait_device", time.perf_counter() - started)
 
     def _take_batch(self) -> list[EngineRequest]:
         if self.chunk_size is not None:

@@ -90,7 +90,7 @@ class HiddenStateDumper:
             writers=config.dump_writers,
             clock=self.clock,
         )
-        self.copier = HostCopier(slots=config.queue_size + 2)
+        self.copier = HostCopier(slots=config.queue_size + 2, clock=self.clock)
         self._prenorm: torch.Tensor | None = None
         self._last_error_log = 0.0
         self.forward_seconds = 0.0  # time the forward thread spent in the hook (benchmarks read it)
