@@ -30,8 +30,10 @@ Then, in one run:
     (target >= 0.97), and the workers' share of time waiting for their samples' fsyncs.
 
 Each extraction phase also gives when every pack process was up (``pack_processes_up_after_s``: each imports torch,
-3.4-5.6 s of CPU on one H100's host) and its tokens a second from then on (``tokens_per_s_once_processes_up``): a run's
-pace past its start, which a phase of seconds mostly is not.
+3.4-5.6 s of CPU on one H100's host), when its last row was written (``last_row_after_s``) and what the run did after
+it (``finish_s``: stopping the pack processes, the format's index, data_config), and its tokens a second from every
+process up to the last row (``tokens_per_s_once_processes_up``): a run's pace past its start and before its finish,
+fixed costs a phase of seconds mostly is.
 ``e2e_vs_forward_ratio`` = (c) / (a); ``e2e_vs_limit_ratio`` = (b) / min((a), (d)) (each ``..._once_processes_up`` too,
 from that pace; the targets stay on the whole phase); GPU utilisation
 (NVML) is sampled during each phase; per-stage seconds come from the server's ``/metrics`` and the
@@ -460,19 +462,33 @@ def pack_processes_sample(metrics: ExtractMetrics) -> tuple[float, float, float]
 def once_processes_up(
     samples: list[tuple[float, float, float]], processes: int, started: float, ended: float, tokens: int
 ) -> dict[str, float | None]:
-    """When every pack process was up (seconds into the phase) and the tokens a second written from then to the end:
-    the pace of a run past its start (a process imports torch: seconds of a short phase)."""
+    """When every pack process was up and when the last row was written (seconds into the phase), what the run did
+    after its last row (``finish_s``: the pack processes stopped, the format's index, data_config), and the tokens a
+    second from every process up to the last row: the pace of a run past its start and before its finish, fixed costs
+    that are most of a phase of seconds."""
+    last = next((at for at, written, _ in samples if written >= tokens), None)
+    timeline = {
+        "last_row_after_s": None if last is None else last - started,
+        "finish_s": None if last is None else ended - last,
+    }
     up = next(((at, written) for at, written, count in samples if count >= processes), None)
-    if not processes or up is None or ended - up[0] <= 0:
-        return {"pack_processes_up_after_s": None, "tokens_per_s_once_processes_up": None}
-    return {"pack_processes_up_after_s": up[0] - started, "tokens_per_s_once_processes_up": (tokens - up[1]) / (ended - up[0])}
+    until = last if last is not None else ended
+    if not processes or up is None or until - up[0] <= 0:
+        return {"pack_processes_up_after_s": None, "tokens_per_s_once_processes_up": None, **timeline}
+    return {
+        "pack_processes_up_after_s": up[0] - started,
+        "tokens_per_s_once_processes_up": (tokens - up[1]) / (until - up[0]),
+        **timeline,
+    }
 
 
 def log_rate(name: str, phase: dict[str, Any]) -> None:
     """An extraction phase's tokens a second, and from when every pack process was up when they were."""
     steady = phase.get("tokens_per_s_once_processes_up")
     since = f" ({steady:.0f} once every pack process was up, {phase['pack_processes_up_after_s']:.1f} s in)" if steady else ""
-    log.info("%s: %.0f tokens/s%s", name, phase["tokens_per_s"], since)
+    finish = phase.get("finish_s")
+    tail = f"; last row {phase['last_row_after_s']:.1f} s in, then {finish:.1f} s to finish" if finish is not None else ""
+    log.info("%s: %.0f tokens/s%s%s", name, phase["tokens_per_s"], since, tail)
 
 
 def extract(

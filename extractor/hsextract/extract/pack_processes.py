@@ -82,9 +82,11 @@ class _Process:
         self.conn.close()
         return f"pack process {self.process.pid} ended (exit code {self.process.returncode})"
 
-    def stop(self) -> None:
+    def ask_to_stop(self) -> None:
         with contextlib.suppress(OSError):  # it has ended already
             self.conn.send(None)
+
+    def wait_stopped(self) -> None:
         try:
             self.process.wait(CLOSE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -92,6 +94,16 @@ class _Process:
             self.process.kill()
             self.process.wait()
         self.conn.close()
+
+
+def stop_all(processes: list[_Process], on_stopped: Callable[[], None] = lambda: None) -> None:
+    """Ask every process to stop, then wait for each: they exit together, where one after another was a run's last
+    seconds (2.6 s for four on an H100's host, before they skipped the interpreter's teardown: pack_worker says why)."""
+    for process in processes:
+        process.ask_to_stop()
+    for process in processes:
+        process.wait_stopped()
+        on_stopped()
 
 
 class PackProcesses:
@@ -146,9 +158,7 @@ class PackProcesses:
     def close(self) -> None:
         """End every process (the rows are done: each is idle)."""
         self._starter.join()
-        for _ in range(self._live):
-            self._idle.get().stop()
-            self._count_up(-1)
+        stop_all([self._idle.get() for _ in range(self._live)], on_stopped=lambda: self._count_up(-1))
 
     def _count_up(self, change: int) -> None:
         with self._lock:

@@ -1,7 +1,7 @@
 """Packing in processes of their own (extract/pack_processes.py), with real spawned processes and real dump files:
 a row packed in a process writes the same file as on its own thread; its error comes back whole; with every process
 busy or starting the row is handed back (None); a killed process fails its row with a retried error and another
-takes its place; a SIGTERM to the group does not end them; close ends every one."""
+takes its place; a SIGTERM to the group does not end them; close ends every one, asking all before waiting for any."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from hsextract.contract.files.dumps import DumpSource, write_dump
 from hsextract.contract.states import ErrorReason
 from hsextract.errors import DumpError, PackProcessError
 from hsextract.extract.checks.dump_checks import DumpExpectation, Expectations
-from hsextract.extract.pack_processes import PackProcesses
+from hsextract.extract.pack_processes import PackProcesses, _Process, stop_all
 from hsextract.extract.packing import Packed, PackJob, pack_row
 from hsextract.output.formats import open_format
 from hsextract.output.sample import Sample
@@ -168,3 +168,26 @@ def test_how_many_are_up_is_told_as_they_start_end_and_are_replaced(tmp_path: Pa
     finally:
         one.close()
     assert ups == [1, 0, 1, 0]
+
+
+def test_every_process_is_asked_to_stop_before_any_is_waited_for(tmp_path: Path) -> None:
+    """One after another, each waited for its teardown in turn: a run's last seconds. Here the first cannot exit
+    (stopped) until the others have: asked one after another, they would still be running."""
+    fmt = open_format("specforge", tmp_path / "out")
+    processes = [_Process(fmt, tmp_path / "out") for _ in range(3)]
+    for process in processes:
+        process.wait_ready()
+    first, *others = processes
+    os.kill(first.process.pid, signal.SIGSTOP)
+    stopping = threading.Thread(target=stop_all, args=(processes,))
+    stopping.start()
+    try:
+        deadline = time.monotonic() + 60
+        while any(p.process.poll() is None for p in others):
+            assert time.monotonic() < deadline, "the others were not asked to stop while the first one hung"
+            time.sleep(0.05)
+        assert first.process.poll() is None and stopping.is_alive()
+    finally:
+        os.kill(first.process.pid, signal.SIGCONT)
+        stopping.join(timeout=60)
+    assert [p.process.returncode for p in processes] == [0, 0, 0]
