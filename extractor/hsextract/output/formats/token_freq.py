@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from hsextract.durable.atomic import atomic_write_bytes
@@ -22,17 +23,50 @@ from hsextract.durable.atomic import atomic_write_bytes
 TOKEN_FREQ_FILE = "token_freq.pt"
 
 
+#: (id, count) pairs gathered before they are merged into the running totals: bounds the memory of a long run's count
+MERGE_EVERY = 1 << 22
+
+
 def count_supervised(rows: Iterable[tuple[Sequence[int], Sequence[int]]]) -> dict[int, int]:
-    """Token id -> count over the tokens whose loss mask is set, rows of ``(input_ids, loss_mask)`` in order."""
-    counts: Counter[int] = Counter()
+    """Token id -> count over the tokens whose loss mask is set, rows of ``(input_ids, loss_mask)`` in order.
+
+    The dict speculators' counting builds (a ``Counter`` updated with each row's sorted unique supervised ids), key
+    order included: an id's place is where it first appears in that sequence. Counted with numpy over many rows at
+    a time, where a ``Counter`` update per row was 1.2 s of a 1000-row run's finish (858 k tokens)."""
+    keys = np.empty(0, dtype=np.int64)  # the ids so far, in the Counter's order
+    totals = np.empty(0, dtype=np.int64)
+    ids_parts: list[np.ndarray] = []
+    count_parts: list[np.ndarray] = []
+    gathered = 0
     for input_ids, loss_mask in rows:
-        if not input_ids:
+        if not len(input_ids):
             continue
-        ids = torch.as_tensor(input_ids, dtype=torch.int64)
-        masked = ids[torch.as_tensor(loss_mask).to(torch.bool)]
-        unique, per_id = torch.unique(masked, sorted=True, return_counts=True)
-        counts.update(dict(zip(unique.tolist(), per_id.tolist(), strict=True)))
-    return dict(counts)
+        masked = np.asarray(input_ids, dtype=np.int64)[np.asarray(loss_mask).astype(bool)]
+        unique, per_id = np.unique(masked, return_counts=True)  # sorted, as the Counter saw each row's ids
+        ids_parts.append(unique)
+        count_parts.append(per_id)
+        gathered += unique.size
+        if gathered >= MERGE_EVERY:
+            keys, totals = _merge(keys, totals, ids_parts, count_parts)
+            ids_parts, count_parts, gathered = [], [], 0
+    keys, totals = _merge(keys, totals, ids_parts, count_parts)
+    return dict(zip(keys.tolist(), totals.tolist(), strict=True))
+
+
+def _merge(
+    keys: np.ndarray, totals: np.ndarray, ids_parts: list[np.ndarray], count_parts: list[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The running ``keys``/``totals`` with more (id, count) pairs added after them, keys in first-appearance order."""
+    ids = np.concatenate([keys, *ids_parts])
+    counts = np.concatenate([totals, *count_parts])
+    if not ids.size:
+        return ids, counts
+    by_id = np.argsort(ids, kind="stable")  # stable: each id's first position comes first among its own
+    sorted_ids = ids[by_id]
+    starts = np.flatnonzero(np.concatenate(([True], sorted_ids[1:] != sorted_ids[:-1])))
+    summed = np.add.reduceat(counts[by_id], starts)
+    appearance = np.argsort(by_id[starts])  # by where each id first appears
+    return sorted_ids[starts][appearance], summed[appearance]
 
 
 def combine(distributions: Iterable[dict[int, int]]) -> dict[int, int]:

@@ -1,0 +1,51 @@
+"""``token_freq.count_supervised`` against the counting it stands for: a ``Counter`` updated with each row's sorted
+unique supervised ids (speculators 0.9.0's ``save_token_frequency_distribution``; tests/trainers runs that code on a
+real output). The same dict, key order included, whether the pairs are merged once or many times."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from hsextract.output.formats import token_freq
+
+
+def _counter_per_row(rows: list[tuple[list[int], list[int]]]) -> dict[int, int]:
+    counts: Counter[int] = Counter()
+    for input_ids, loss_mask in rows:
+        if not input_ids:
+            continue
+        masked = torch.tensor(input_ids)[torch.tensor(loss_mask).to(torch.bool)]
+        unique, per_id = torch.unique(masked, sorted=True, return_counts=True)
+        counts.update(dict(zip(unique.tolist(), per_id.tolist(), strict=True)))
+    return dict(counts)
+
+
+def _rows(seed: int) -> list[tuple[list[int], list[int]]]:
+    rng = random.Random(seed)
+    rows: list[tuple[list[int], list[int]]] = [([], [])]  # an empty row counts nothing
+    for _ in range(60):
+        length = rng.randrange(1, 90)
+        ids = [rng.randrange(300) for _ in range(length)]
+        rows.append((ids, [rng.random() < 0.7 for _ in range(length)]))
+    rows.append(([5, 6], [0, 0]))  # no supervised token
+    return rows
+
+
+@pytest.mark.parametrize("merge_every", [1, 37, token_freq.MERGE_EVERY])
+def test_the_count_is_the_per_row_counter_key_order_included(monkeypatch: pytest.MonkeyPatch, merge_every: int) -> None:
+    monkeypatch.setattr(token_freq, "MERGE_EVERY", merge_every)
+    for seed in range(3):
+        rows = _rows(seed)
+        ours = token_freq.count_supervised(iter(rows))
+        theirs = _counter_per_row(rows)
+        assert ours == theirs and list(ours) == list(theirs)
+        assert all(type(k) is int and type(v) is int for k, v in ours.items())
+
+
+def test_no_supervised_token_counts_nothing() -> None:
+    assert token_freq.count_supervised([]) == {}
+    assert token_freq.count_supervised([([1, 2], [0, 0]), ([], [])]) == {}
