@@ -31,11 +31,13 @@ Then, in one run:
 
 Each extraction phase also gives when every pack process was up (``pack_processes_up_after_s``: each imports torch,
 3.4-5.6 s of CPU on one H100's host), when its last row was written (``last_row_after_s``) and what the run did after
-it (``finish_s``: stopping the pack processes, the format's index, data_config), and its tokens a second from every
-process up to the last row (``tokens_per_s_once_processes_up``): a run's pace past its start and before its finish,
-fixed costs a phase of seconds mostly is.
+it (``finish_s``: stopping the pack processes, the format's index, data_config), its tokens a second from every
+process up to the last row (``tokens_per_s_once_processes_up``: past the start and before the finish, fixed costs a
+phase of seconds mostly is, but also the rows that waited while the processes started, drained faster than the forward
+makes them) and from the phase's start to the last row (``tokens_per_s_to_last_row``: the start counted, the finish
+not).
 ``e2e_vs_forward_ratio`` = (c) / (a); ``e2e_vs_limit_ratio`` = (b) / min((a), (d)) (each ``..._once_processes_up`` too,
-from that pace; the targets stay on the whole phase); GPU utilisation
+from that pace, and (c)'s ``..._to_last_row``; the targets stay on the whole phase); GPU utilisation
 (NVML) is sampled during each phase; per-stage seconds come from the server's ``/metrics`` and the
 extractor's ``hsextract_stage_seconds``; each extraction phase's ``per_row`` gives each side's user and system CPU
 milliseconds and context switches per row written (a short row's fixed cost), the extractor's pack processes as a side
@@ -470,6 +472,8 @@ def once_processes_up(
     timeline = {
         "last_row_after_s": None if last is None else last - started,
         "finish_s": None if last is None else ended - last,
+        # the start counted, the finish not: the processes' start is not made up by the rows that waited meanwhile
+        "tokens_per_s_to_last_row": None if last is None or last <= started else tokens / (last - started),
     }
     up = next(((at, written) for at, written, count in samples if count >= processes), None)
     until = last if last is not None else ended
@@ -1109,6 +1113,8 @@ def headline(phases: dict[str, Any]) -> dict[str, Any]:
         out["e2e_vs_forward_ratio"] = c / a
         if steady.get("c_e2e_tmpfs"):
             out["e2e_vs_forward_ratio_once_processes_up"] = steady["c_e2e_tmpfs"] / a
+        if phases["c_e2e_tmpfs"].get("tokens_per_s_to_last_row"):
+            out["e2e_vs_forward_ratio_to_last_row"] = phases["c_e2e_tmpfs"]["tokens_per_s_to_last_row"] / a
     if a and b and d:
         out["e2e_vs_limit_ratio"] = b / min(a, d)
         out["limit"] = "forward" if a <= d else "disk"

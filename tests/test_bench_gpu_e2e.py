@@ -60,10 +60,11 @@ def test_the_pace_once_every_pack_process_is_up_counts_from_then_to_the_last_row
         "tokens_per_s_once_processes_up": 1000.0,
         "last_row_after_s": 5.0,
         "finish_s": 3.0,
+        "tokens_per_s_to_last_row": 600.0,
     }
     assert once_processes_up(samples, 3, 100.0, 108.0, 3000)["tokens_per_s_once_processes_up"] is None  # never all up
     assert once_processes_up(samples, 0, 100.0, 108.0, 3000)["pack_processes_up_after_s"] is None  # none asked for
-    unseen = once_processes_up(samples[:-1], 2, 100.0, 105.0, 3000)  # the last row fell between two samples' ends
+    unseen = once_processes_up(samples[:-1], 2, 100.0, 105.0, 3000)  # the sampler never saw the last row written
     assert unseen["finish_s"] is None and unseen["tokens_per_s_once_processes_up"] == 1000.0
 
 
@@ -74,11 +75,12 @@ def test_the_headline_gives_the_ratios_once_every_pack_process_is_up_beside_the_
     phases = {
         "a_forward": {"tokens_per_s": 200.0},
         "b_e2e_disk": {"tokens_per_s": 90.0, "tokens_per_s_once_processes_up": 120.0, "gpu_util_mean": 50.0},
-        "c_e2e_tmpfs": {"tokens_per_s": 100.0, "tokens_per_s_once_processes_up": 160.0},
+        "c_e2e_tmpfs": {"tokens_per_s": 100.0, "tokens_per_s_once_processes_up": 160.0, "tokens_per_s_to_last_row": 140.0},
         "d_disk_write": {"tokens_per_s": 150.0},
     }
     out = headline(phases)
     assert out["e2e_vs_forward_ratio"] == 0.5 and out["e2e_vs_forward_ratio_once_processes_up"] == 0.8
+    assert out["e2e_vs_forward_ratio_to_last_row"] == 0.7
     assert out["e2e_vs_limit_ratio"] == 0.6 and out["e2e_vs_limit_ratio_once_processes_up"] == 0.8
     assert out["met"]["e2e_vs_forward_ratio"] is False  # the targets stay on the whole phase
 
