@@ -5,9 +5,9 @@ parent's main module again, and a script that runs an extraction without an ``if
 would start another run in every child. FD is this process's end of a socket pair. The first message is the
 output format and the output directory; then each message is a :class:`~hsextract.extract.packing.PackJob`,
 answered ``("packed", Packed)`` (the sample file written; the row's thread syncs it) or ``("error", exception)``,
-until None or the pipe's end. Then it exits at once, without the interpreter's teardown (0.6 s with torch loaded, on
-this CPU and on a GPU host's: a run's processes ended one after another took its last 2.6 s on an H100's host): each
-sample file is closed before its answer is sent, so nothing it holds needs that teardown.
+until None or the pipe's end. Then it exits at once, without the interpreter's teardown (0.6 s with torch loaded on
+the CI machine; four processes ended one after another took a run's last 2.6 s on an H100's host): each sample file
+is closed before its answer is sent, so nothing it holds needs that teardown.
 """
 
 from __future__ import annotations
