@@ -291,13 +291,11 @@ class Engine:
             self._checks.submit(self._alone.popleft(), self._forward_alone)
 
     def _wait_for_room(self) -> None:
-        """Keep at most FORWARDS_IN_FLIGHT forwards queued: wait for the oldest one's own end."""
-        if len(self._in_flight) < FORWARDS_IN_FLIGHT:
-            return
-        started = time.perf_counter()
+        """Keep at most FORWARDS_IN_FLIGHT forwards queued: wait for the oldest one's own end (``wait_device``)."""
         while len(self._in_flight) >= FORWARDS_IN_FLIGHT:
+            started = time.perf_counter()
             self._in_flight.popleft().synchronize()
-        self.clock.observe("wait_device", time.perf_counter() - started)
+            self.clock.observe("wait_device", time.perf_counter() - started)
 
     def _take_batch(self) -> list[EngineRequest]:
         if self.chunk_size is not None:
@@ -482,7 +480,8 @@ class Engine:
                     error = DumpError(ErrorReason.SERVER_DUMP_ERROR, f"dump {request.rid}: {failed[request.rid]}")
                     request.future.set_exception(error)
                 else:
-                    request.future.set_result(self._response(request, len(request.input_ids)))
+                    prefilled = GenerateAnswer.for_prefill(request.rid, len(request.input_ids), request.arrived)
+                    request.future.set_result(prefilled.to_json())
 
         wanted = self.sink is not None and any(self.sink.wants(s.rid) for s in rows.segments)
         if self.sink is None or not wanted:
@@ -497,7 +496,3 @@ class Engine:
         )
         batch.on_complete = lambda: complete(batch.failed)
         self.sink.submit(batch)
-
-    @staticmethod
-    def _response(request: EngineRequest, tokens: int) -> dict[str, Any]:
-        return GenerateAnswer.for_prefill(request.rid, tokens, request.arrived).to_json()
