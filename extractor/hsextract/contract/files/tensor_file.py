@@ -121,14 +121,15 @@ def in_library_order(tensors: Mapping[str, AnyTensor]) -> dict[str, AnyTensor]:
 
 def safetensors_pieces(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> list[memoryview]:
     """The file's bytes in order, without a copy: the length prefix and header, then each tensor's memory."""
-    views = [_bytes_of(t) for t in tensors.values()]
-    return [memoryview(safetensors_header(tensors, metadata)), *(v for v in views if v.nbytes)]
+    return list(safetensors_stream(tensors, metadata))  # plain tensors: every view stays valid
 
 
-def safetensors_stream(tensors: Mapping[str, torch.Tensor | Stacked]) -> Iterator[memoryview]:
-    """:func:`safetensors_pieces` one at a time, where a :class:`Stacked` tensor's pieces come from one reused buffer:
-    write each before asking for the next."""
-    yield memoryview(safetensors_header(tensors))
+def safetensors_stream(
+    tensors: Mapping[str, torch.Tensor | Stacked], metadata: Mapping[str, str] | None = None
+) -> Iterator[memoryview]:
+    """The file's bytes in order, one piece at a time: the length prefix and header, then each tensor's memory, where a
+    :class:`Stacked` tensor's pieces come from one reused buffer: write each before asking for the next."""
+    yield memoryview(safetensors_header(tensors, metadata))
     for tensor in tensors.values():
         if isinstance(tensor, Stacked):
             yield from tensor.pieces()
