@@ -461,7 +461,7 @@ def pack_processes_sample(metrics: ExtractMetrics) -> tuple[float, float, float]
     return time.perf_counter(), value("hsextract_tokens_total") or 0.0, value("hsextract_pack_processes_up") or 0.0
 
 
-def once_processes_up(
+def phase_timeline(
     samples: list[tuple[float, float, float]], processes: int, started: float, ended: float, tokens: int
 ) -> dict[str, float | None]:
     """When every pack process was up and when the last row was written (seconds into the phase), what the run did
@@ -560,7 +560,7 @@ def extract(
         "pack_processes": processes,
         "packed_in_process": in_processes,
         **({"pack_process_start_cpu_s": start["user_s"] + start["system_s"]} if start is not None else {}),
-        **once_processes_up(watched, processes, started, ended, summary.total_tokens),
+        **phase_timeline(watched, processes, started, ended, summary.total_tokens),
         "rows_per_request": config.rows_per_request,
         "posts": metrics.registry.get_sample_value("hsextract_rows_per_request_count"),
         # rows written from their dump whose answer had not come answer_grace_s later: a POST's rows are answered

@@ -50,21 +50,21 @@ def test_cpu_smoke_runs_the_pack_pairs_in_alternating_order(tmp_path: Path) -> N
 
 def test_the_pace_once_every_pack_process_is_up_counts_from_then_to_the_last_row() -> None:
     sys.path.insert(0, str(REPO / "bench"))
-    from bench_gpu_e2e import once_processes_up
+    from bench_gpu_e2e import phase_timeline
 
     # (time, tokens written, processes up): the second of two is up 3 s in, with 1000 tokens written; the last row
     # is written 5 s in, and the run ends 3 s later (its finish: processes stopped, index written)
     samples = [(100.0, 0.0, 0.0), (101.0, 400.0, 1.0), (103.0, 1000.0, 2.0), (104.0, 1500.0, 2.0), (105.0, 3000.0, 2.0)]
-    assert once_processes_up(samples, 2, 100.0, 108.0, 3000) == {
+    assert phase_timeline(samples, 2, 100.0, 108.0, 3000) == {
         "pack_processes_up_after_s": 3.0,
         "tokens_per_s_once_processes_up": 1000.0,
         "last_row_after_s": 5.0,
         "finish_s": 3.0,
         "tokens_per_s_to_last_row": 600.0,
     }
-    assert once_processes_up(samples, 3, 100.0, 108.0, 3000)["tokens_per_s_once_processes_up"] is None  # never all up
-    assert once_processes_up(samples, 0, 100.0, 108.0, 3000)["pack_processes_up_after_s"] is None  # none asked for
-    unseen = once_processes_up(samples[:-1], 2, 100.0, 105.0, 3000)  # the sampler never saw the last row written
+    assert phase_timeline(samples, 3, 100.0, 108.0, 3000)["tokens_per_s_once_processes_up"] is None  # never all up
+    assert phase_timeline(samples, 0, 100.0, 108.0, 3000)["pack_processes_up_after_s"] is None  # none asked for
+    unseen = phase_timeline(samples[:-1], 2, 100.0, 105.0, 3000)  # the sampler never saw the last row written
     assert unseen["finish_s"] is None and unseen["tokens_per_s_once_processes_up"] == 1000.0
 
 
