@@ -375,6 +375,8 @@ class Extraction:
                     )
                     if not ledger.fanned_out.is_set():
                         self._await_probe(future)
+                if not self.stop.is_set():
+                    setup.fmt.prepare_finalize()
             except BaseException:
                 self.stop.set()
                 raise

@@ -33,6 +33,9 @@ def test_loss_mask_defaults_to_all_ones() -> None:
         ({"input_ids": [1, 10]}, "input_ids_out_of_vocab"),
         ({"input_ids": [1, 2], "loss_mask": [1]}, "loss_mask_length"),
         ({"input_ids": [1, 2], "loss_mask": [1, 2]}, "loss_mask_not_binary"),
+        ({"input_ids": [1, 2], "loss_mask": [0, -1]}, "loss_mask_not_binary"),
+        ({"input_ids": [1, 2], "loss_mask": [True, 0]}, "loss_mask_not_integer"),
+        ({"input_ids": [1, 2], "loss_mask": [1, 1.0]}, "loss_mask_not_integer"),
     ],
 )
 def test_bad_rows_name_their_reason(raw: object, reason: str) -> None:

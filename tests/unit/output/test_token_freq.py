@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 
@@ -49,3 +50,18 @@ def test_the_count_is_the_per_row_counter_key_order_included(monkeypatch: pytest
 def test_no_supervised_token_counts_nothing() -> None:
     assert token_freq.count_supervised([]) == {}
     assert token_freq.count_supervised([([1, 2], [0, 0]), ([], [])]) == {}
+
+
+def test_the_flat_count_is_the_per_row_counter_key_order_included() -> None:
+    """The finish counts rows laid end to end (``count_flat``): the same dict as the per-row Counter."""
+    for seed in range(3):
+        rows = _rows(seed)
+        lengths = np.array([len(ids) for ids, _ in rows], dtype=np.int64)
+        flat_ids = np.array([i for ids, _ in rows for i in ids], dtype=np.int64)
+        flat_mask = np.array([int(m) for _, mask in rows for m in mask], dtype=np.int64)
+        ours = token_freq.count_flat(flat_ids, flat_mask, lengths)
+        theirs = _counter_per_row(rows)
+        assert ours == theirs and list(ours) == list(theirs)
+        assert all(type(k) is int and type(v) is int for k, v in ours.items())
+    empty = np.empty(0, dtype=np.int64)
+    assert token_freq.count_flat(empty, empty, empty) == {}

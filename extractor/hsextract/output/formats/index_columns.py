@@ -1,0 +1,78 @@
+"""speculators' ``data/`` columns built from flat arrays: one entry per dataset row, holes where no file is.
+
+The rows' ids and masks are laid end to end in numpy (``np.fromiter``, a few tens of nanoseconds a token) and handed
+to ``datasets`` as Arrow list arrays, which it casts without a look at each value. ``Dataset.from_dict`` of Python
+lists encodes every row in Python first: 0.66 s of a 3000-row run's finish (2.5 M tokens) on the CI machine's CPU,
+against 0.13 s this way. The same flat arrays count ``token_freq.pt`` (:func:`token_freq.count_flat`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+from hsextract.output.formats import token_freq
+from hsextract.output.sample import Sample
+
+#: most values in one Arrow list array: its offsets are 32-bit, so a larger column is cut into chunks of whole rows
+CHUNK_VALUES = (1 << 31) - 1
+
+
+@dataclass(frozen=True)
+class IndexColumns:
+    """Entry i is dataset row i: its ids and mask (flat, entry after entry), its length and whether it was written."""
+
+    input_ids: np.ndarray  # int64, every written row's ids end to end
+    loss_mask: np.ndarray  # int64, aligned with input_ids
+    seq_len: np.ndarray  # int64 [entries]: 0 for a hole
+    written: np.ndarray  # bool [entries]
+
+    @classmethod
+    def of(cls, samples: Iterable[Sample], written_rows: set[int]) -> IndexColumns:
+        by_row = {s.row: s for s in samples if s.row in written_rows}
+        entries = max(by_row, default=-1) + 1
+        ordered = [by_row[row] for row in sorted(by_row)]
+        seq_len = np.zeros(entries, dtype=np.int64)
+        written = np.zeros(entries, dtype=bool)
+        rows = np.fromiter(by_row, dtype=np.int64, count=len(by_row))
+        seq_len[rows] = np.fromiter((len(s.input_ids) for s in by_row.values()), dtype=np.int64, count=len(by_row))
+        written[rows] = True
+        total = int(seq_len.sum())
+        input_ids = np.fromiter(chain.from_iterable(s.input_ids for s in ordered), dtype=np.int64, count=total)
+        loss_mask = np.fromiter(chain.from_iterable(s.loss_mask for s in ordered), dtype=np.int64, count=total)
+        return cls(input_ids, loss_mask, seq_len, written)
+
+    def token_freq(self) -> dict[int, int]:
+        return token_freq.count_flat(self.input_ids, self.loss_mask, self.seq_len)
+
+    def arrow(self) -> dict[str, Any]:
+        """``Dataset.from_dict``'s mapping: the two list columns as Arrow arrays, chunked under :data:`CHUNK_VALUES`."""
+        import pyarrow as pa
+
+        return {
+            "input_ids": _list_column(self.input_ids, self.seq_len),
+            "loss_mask": _list_column(self.loss_mask, self.seq_len),
+            "seq_len": pa.array(self.seq_len),
+            "written": pa.array(self.written),
+        }
+
+
+def _list_column(values: np.ndarray, lengths: np.ndarray) -> Any:
+    import pyarrow as pa
+
+    ends = np.cumsum(lengths)
+    chunks: list[Any] = []
+    first = start = 0
+    while first < len(lengths) or not chunks:
+        # the rows whose values end within this chunk's room; at least one, however long
+        last = max(int(np.searchsorted(ends, start + CHUNK_VALUES, side="right")), first + 1)
+        last = min(last, len(lengths))
+        offsets = np.concatenate(([0], ends[first:last] - start)).astype(np.int32)
+        end = start + int(offsets[-1])
+        chunks.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(values[start:end])))
+        first, start = last, end
+    return pa.chunked_array(chunks, type=pa.list_(pa.int64()))
