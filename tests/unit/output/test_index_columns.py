@@ -58,7 +58,8 @@ WHOLE = index_columns.CHUNK_VALUES
 def test_the_index_is_from_dicts_of_the_rows_lists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk_values: int) -> None:
     monkeypatch.setattr(index_columns, "CHUNK_VALUES", chunk_values)  # 1: a row a chunk, each longer than the room
     samples, written = _samples(chunk_values)
-    ours = datasets.Dataset.from_dict(IndexColumns.of(samples, written).arrow(), features=arrow_features())
+    shuffled = random.Random(chunk_values).sample(samples, len(samples))  # the index's order is the rows', not theirs
+    ours = datasets.Dataset.from_dict(IndexColumns.of(shuffled, written).arrow(), features=arrow_features())
     theirs = _from_lists(samples, written)
     assert ours.features == theirs.features and ours.to_dict() == theirs.to_dict()
     chunks = ours.data.column("input_ids").chunks
