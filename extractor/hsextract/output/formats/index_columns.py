@@ -2,8 +2,9 @@
 
 The rows' ids and masks are laid end to end in numpy (each row's lists made an array as the row comes) and handed
 to ``datasets`` as Arrow list arrays, which it casts without a look at each value. ``Dataset.from_dict`` of Python
-lists encodes every row in Python first: 0.66 s of a 3000-row run's finish (2.5 M tokens) on the CI machine's CPU,
-against 0.13 s this way. The same flat arrays count ``token_freq.pt`` (:func:`token_freq.count_flat`).
+lists encodes every row in Python first: 0.32 s of a 3000-row run's finish (2.5 M tokens) on the CI machine's CPU,
+against 0.19 s this way (bench/results-finish-cpu.json). The same flat arrays count ``token_freq.pt``
+(:func:`token_freq.count_flat`).
 """
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ class SpeculatorsFormat(OutputFormat):
         )
 
     def prepare_finalize(self) -> None:
-        # datasets' import is most of a second: done by the time the rows in flight are
+        # datasets' import, most of a second of finalize's otherwise: on a thread while the rows in flight finish
         threading.Thread(target=importlib.import_module, args=("datasets",), name="hsextract-import", daemon=True).start()
 
     def finalize(self, samples: Iterable[Sample], written_rows: set[int]) -> None:

@@ -56,13 +56,13 @@ def count_supervised(rows: Iterable[tuple[Sequence[int], Sequence[int]]]) -> dic
 def count_flat(input_ids: np.ndarray, loss_mask: np.ndarray, lengths: np.ndarray) -> dict[int, int]:
     """:func:`count_supervised` of rows laid end to end: ``input_ids`` (ids >= 0, as rows are validated) and
     ``loss_mask`` flat, ``lengths`` each row's tokens in order. No sort of the tokens: a count and a first row per id."""
-    rows = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    rows = np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)  # 4 bytes a token: a long run's finish holds it
     supervised = loss_mask.astype(bool)
     ids = input_ids[supervised]
     if not ids.size:
         return {}
     counts = np.bincount(ids)
-    first_row = np.full(counts.size, len(lengths), dtype=np.int64)
+    first_row = np.full(counts.size, len(lengths), dtype=np.int32)
     np.minimum.at(first_row, ids, rows[supervised])
     present = np.flatnonzero(counts)
     # the Counter meets each row's ids sorted: an id's place is the first row holding it, then the id within that row
