@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -65,3 +66,22 @@ def test_the_flat_count_is_the_per_row_counter_key_order_included() -> None:
         assert all(type(k) is int and type(v) is int for k, v in ours.items())
     empty = np.empty(0, dtype=np.int64)
     assert token_freq.count_flat(empty, empty, empty) == {}
+
+
+def test_the_file_just_written_is_not_read_back_but_any_change_to_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / token_freq.TOKEN_FREQ_FILE
+    token_freq.write(path, {7: 2, 3: 1})
+    loads: list[Path] = []
+    real_read = token_freq.read
+
+    def counted_read(where: Path) -> dict[int, int]:
+        loads.append(where)
+        return real_read(where)
+
+    monkeypatch.setattr(token_freq, "read", counted_read)
+    assert token_freq.read_as_written(path) == {7: 2, 3: 1} and not loads
+    other = tmp_path / "other.pt"
+    torch.save({1: 1}, other)
+    assert token_freq.read_as_written(other) == {1: 1} and loads == [other]
+    torch.save({9: 9}, path)  # replaced in place by someone else: read again
+    assert token_freq.read_as_written(path) == {9: 9} and loads[-1] == path

@@ -144,7 +144,7 @@ class SpeculatorsFormat(OutputFormat):
         path = output / "data" / token_freq.TOKEN_FREQ_FILE
         if not path.exists():
             return None
-        return draft_vocab_hint(token_freq.read(path), path)
+        return draft_vocab_hint(token_freq.read_as_written(path), path)
 
     def sample_path(self, row: int) -> Path:
         return self.root / "hidden_states" / f"hs_{row}.safetensors"

@@ -11,6 +11,7 @@ same, key order included. A merged output sums its shards' files (``combine_toke
 from __future__ import annotations
 
 import io
+import os
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -94,10 +95,33 @@ def combine(distributions: Iterable[dict[int, int]]) -> dict[int, int]:
     return dict(total)
 
 
+#: the file this process wrote last, as it stood then, and its dict: the run's summary reads the file it just wrote
+_written: tuple[Path, tuple[int, int, int, int], dict[int, int]] | None = None
+
+
 def write(path: Path, distribution: dict[int, int]) -> None:
+    global _written
     buffer = io.BytesIO()
     torch.save(distribution, buffer)
     atomic_write_bytes(path, buffer.getvalue())
+    _written = (path, _identity(path), dict(distribution))
+
+
+def read_as_written(path: Path) -> dict[int, int]:
+    """:func:`read`, without the read (a ``torch.load`` of a 128 k-entry dict, 0.19 s of a run's finish on one H100's
+    host) when ``path`` is still the very file this process wrote last: same inode, size and modification time."""
+    if _written is not None and _written[0] == path:
+        try:
+            if _identity(path) == _written[1]:
+                return dict(_written[2])
+        except FileNotFoundError:
+            pass
+    return read(path)
+
+
+def _identity(path: Path) -> tuple[int, int, int, int]:
+    stat = os.stat(path)
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def read(path: Path) -> dict[int, int]:
