@@ -315,10 +315,18 @@ class Extraction:
         progress.set_totals(plan.rows_in_shard, plan.todo_tokens)
         log_lengths(self.config, plan)
 
-    def _valid_samples(self, rows: dict[int, WrittenSample], vocab_size: int) -> Iterator[Sample]:
+    def _valid_samples(self, rows: dict[int, WrittenSample] | None, vocab_size: int) -> Iterator[Sample]:
+        """The samples of ``rows``, each of which must validate; None: every row of the shard that validates."""
+        cfg = self.config
         for row, raw in self._shard_rows():
-            if row in rows:
-                yield validate_row(row, raw, vocab_size, self.config.max_seq_len, self.config.require_loss_mask)
+            if rows is None:
+                try:
+                    sample = validate_row(row, raw, vocab_size, cfg.max_seq_len, cfg.require_loss_mask)
+                except BadSampleError:
+                    continue
+                yield sample
+            elif row in rows:
+                yield validate_row(row, raw, vocab_size, cfg.max_seq_len, cfg.require_loss_mask)
 
     @staticmethod
     def _remove_unlisted(fmt: OutputFormat, manifest: Manifest) -> int:
@@ -376,7 +384,7 @@ class Extraction:
                     if not ledger.fanned_out.is_set():
                         self._await_probe(future)
                 if not self.stop.is_set():
-                    setup.fmt.prepare_finalize()
+                    setup.fmt.prepare_finalize(functools.partial(self._valid_samples, None, vocab_size))
             except BaseException:
                 self.stop.set()
                 raise

@@ -14,7 +14,7 @@ import pytest
 
 from hsextract.output.formats import index_columns
 from hsextract.output.formats.index_columns import IndexColumns
-from hsextract.output.formats.speculators import arrow_features
+from hsextract.output.formats.speculators import SpeculatorsFormat, arrow_features
 from hsextract.output.sample import Sample
 
 
@@ -83,8 +83,45 @@ def test_prepare_finalize_imports_datasets_in_the_background() -> None:
         "import sys, threading; from pathlib import Path\n"
         "from hsextract.output.formats.speculators import SpeculatorsFormat\n"
         "assert 'datasets' not in sys.modules\n"
-        "SpeculatorsFormat(Path('.')).prepare_finalize()\n"
+        "SpeculatorsFormat(Path('.')).prepare_finalize(lambda: [])\n"
         "[t.join() for t in threading.enumerate() if t.name == 'hsextract-import']\n"
         "assert 'datasets' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+
+
+def _finalized(root: Path, samples: list[Sample], written: set[int], pre_read: list[Sample] | Exception | None) -> Path:
+    fmt = SpeculatorsFormat(root)
+    if pre_read is not None:
+
+        def read_again() -> list[Sample]:
+            if isinstance(pre_read, Exception):
+                raise pre_read
+            return pre_read
+
+        fmt.prepare_finalize(read_again)
+    fmt.finalize(iter(samples), written)
+    return root / "data"
+
+
+@pytest.mark.parametrize("case", ["read", "a written row not read", "the read failed"])
+def test_the_finish_from_the_rows_read_while_the_last_ones_finish_is_the_finish_from_its_own_read(
+    tmp_path: Path, case: str
+) -> None:
+    """prepare_finalize reads every row that validates while the rows in flight finish; finalize takes the written ones
+    from that read. A written row the read lacks (the dataset changed), or a read that failed, and finalize reads the
+    rows again itself: data/ and token_freq.pt are the same files either way."""
+    samples, written = _samples(7)
+    pre_read: list[Sample] | Exception = samples  # every row that validates: written ones and holes
+    if case == "a written row not read":
+        pre_read = [s for s in samples if s.row != min(written)]
+    elif case == "the read failed":
+        pre_read = OSError(5, "Input/output error")
+    ours = _finalized(tmp_path / "ours", samples, written, pre_read)
+    theirs = _finalized(tmp_path / "theirs", samples, written, None)
+    names = sorted(p.name for p in theirs.iterdir())
+    assert "token_freq.pt" in names and names == sorted(p.name for p in ours.iterdir())
+    assert all(filecmp.cmp(ours / name, theirs / name, shallow=False) for name in names)
+    if case == "read":  # taken from the read: finalize's own rows are not looked at
+        again = _finalized(tmp_path / "again", [], written, samples)
+        assert all(filecmp.cmp(again / name, theirs / name, shallow=False) for name in names)

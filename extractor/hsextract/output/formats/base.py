@@ -175,9 +175,10 @@ class OutputFormat(ABC):
     def finalize(self, samples: Iterable[Sample], written_rows: set[int]) -> None:  # noqa: B027
         """Write whatever spans all samples (called at the end of a run)."""
 
-    def prepare_finalize(self) -> None:  # noqa: B027
+    def prepare_finalize(self, samples: Callable[[], Iterable[Sample]]) -> None:  # noqa: B027
         """Called once the run has handed out its last row, while the rows in flight finish: start what
-        :meth:`finalize` will wait for."""
+        :meth:`finalize` will wait for. ``samples`` reads every row of the shard that validates again, a superset of
+        those :meth:`finalize` will be given (which are written is known only then)."""
 
     def sample_files(self) -> Iterator[Path]:
         """Every sample file in the output, listed in samples.jsonl or not."""

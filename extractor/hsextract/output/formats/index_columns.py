@@ -9,7 +9,7 @@ against 0.19 s this way (bench/results-finish-cpu.json). The same flat arrays co
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,9 @@ import numpy as np
 
 from hsextract.output.formats import token_freq
 from hsextract.output.sample import Sample
+
+#: each row's ids and mask as arrays (int64), by row
+RowArrays = dict[int, tuple[np.ndarray, np.ndarray]]
 
 #: most values in one Arrow list array: its offsets are 32-bit, so a larger column is cut into chunks of whole rows
 CHUNK_VALUES = (1 << 31) - 1
@@ -35,12 +38,13 @@ class IndexColumns:
     def of(cls, samples: Iterable[Sample], written_rows: set[int]) -> IndexColumns:
         """From the rows' samples in any order (the last of a row counts), those in ``written_rows`` only. Each row
         is made arrays as it comes: its lists are not kept, so a long run's index holds 16 bytes a token, not about 44."""
-        by_row: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for sample in samples:
-            if sample.row in written_rows:
-                by_row[sample.row] = (np.array(sample.input_ids, dtype=np.int64), np.array(sample.loss_mask, dtype=np.int64))
-        entries = max(by_row, default=-1) + 1
-        rows = sorted(by_row)
+        return cls.of_arrays(row_arrays(samples, written_rows), written_rows)
+
+    @classmethod
+    def of_arrays(cls, by_row: RowArrays, written_rows: set[int]) -> IndexColumns:
+        """From rows already made arrays (:func:`row_arrays`), those in ``written_rows`` only."""
+        rows = sorted(written_rows.intersection(by_row))
+        entries = rows[-1] + 1 if rows else 0
         seq_len = np.zeros(entries, dtype=np.int64)
         seq_len[rows] = [by_row[row][0].size for row in rows]
         written = np.zeros(entries, dtype=bool)
@@ -63,6 +67,15 @@ class IndexColumns:
             "seq_len": pa.array(self.seq_len),
             "written": pa.array(self.written),
         }
+
+
+def row_arrays(samples: Iterable[Sample], rows: Container[int] | None = None) -> RowArrays:
+    """Each sample's ids and mask as arrays, by row (the last of a row counts); of ``rows`` only, when given."""
+    return {
+        sample.row: (np.array(sample.input_ids, dtype=np.int64), np.array(sample.loss_mask, dtype=np.int64))
+        for sample in samples
+        if rows is None or sample.row in rows
+    }
 
 
 def _list_column(values: np.ndarray, lengths: np.ndarray) -> Any:
