@@ -67,7 +67,7 @@ class ExtractMetrics:
         )
         self.pack_processes_up = Gauge(
             "hsextract_pack_processes_up",
-            "Pack processes ready for rows (pack_processes): forked once the run has its plan, up within milliseconds; one "
+            "Pack processes ready for rows (pack_processes): forked at the run's start, up within milliseconds; one "
             "started in place of one that died imports torch (seconds); rows are packed on their own threads meanwhile",
             registry=r,
         )
