@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import faulthandler
 import gc
 import logging
 import os
@@ -127,21 +126,6 @@ def _leave_the_parent(fd: int) -> None:
     for handler in (h for lg in loggers for h in lg.handlers if isinstance(h, logging.StreamHandler)):
         if id(handler.stream) in old:  # assigned, not setStream: that flushes the old stream, under its lock
             handler.stream = getattr(sys, old[id(handler.stream)])
-    _faulthandler_to_stderr()
-
-
-def _faulthandler_to_stderr() -> None:
-    """faulthandler's tracebacks (a hang looked into with ``faulthandler.register(SIGUSR1, file=...)``) to this
-    process's stderr: the file the run gave it was closed above, and its number may be a sample file's by now."""
-    if faulthandler.is_enabled():
-        faulthandler.enable(file=sys.stderr, all_threads=True)
-    for signum in signal.valid_signals():
-        try:
-            registered = faulthandler.unregister(signum)  # type: ignore[func-returns-value]  # True if it was (typeshed: None)
-        except (RuntimeError, ValueError, OSError):  # a signal faulthandler cannot take (SIGSEGV: enable's)
-            continue
-        if registered:
-            faulthandler.register(signum, file=sys.stderr, all_threads=True)
 
 
 def _name_this_process(name: bytes) -> None:
