@@ -101,8 +101,8 @@ class ExtractConfig(StrictConfig):
         ge=0,
         le=64,
         description="processes that read, check and write the dumps beside the request threads, each with its own "
-        "interpreter lock, forked from the run's process (hsextract-pack in ps and top) (0: on the request threads; "
-        f"default: a quarter of the CPUs, 1 to 8, for runs of {PACK_PROCESSES_FROM_ROWS} rows or more, else 0)",
+        "interpreter lock (0: on the request threads; default: a quarter of the CPUs, 1 to 8, for runs of "
+        f"{PACK_PROCESSES_FROM_ROWS} rows or more, else 0)",
     )
     output_io: OutputIO = Field(
         "buffered",
