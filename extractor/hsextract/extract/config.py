@@ -19,8 +19,8 @@ from hsextract.errors import ConfigError
 from hsextract.output.formats import DEFAULT_FORMAT, FORMAT_NAMES
 from hsextract.output.sample_file import OutputIO
 
-#: pack processes (``pack_processes`` unset) only for runs with this many rows to do: the row threads keep up with a
-#: shorter run, and one started in place of a process that died takes a second or more (it imports torch)
+#: pack processes (``pack_processes`` unset) only for runs with this many rows to do: a process takes a second or
+#: more to start (it imports torch), which a short run would spend for nothing
 PACK_PROCESSES_FROM_ROWS = 512
 #: rows_per_request's default (bench/results-row-cost.json, "rows_per_request")
 ROWS_PER_REQUEST = 16
