@@ -35,7 +35,9 @@ it (``finish_s``: stopping the pack processes, the format's index, data_config),
 process up to the last row (``tokens_per_s_once_processes_up``: past the start and before the finish, fixed costs a
 phase of seconds mostly is, but also the rows that waited while the processes started, drained faster than the forward
 makes them) and from the phase's start to the last row (``tokens_per_s_to_last_row``: the start counted, the finish
-not).
+not); when the server forwarded its first and last token and the first row was written (``first_forward_after_s``,
+``last_forward_after_s``, ``first_row_after_s``), and a ``timeline`` in bins of half a second: the GPU's use, the
+tokens the server forwarded and those the extractor wrote, so a phase shows where its GPU waited.
 ``e2e_vs_forward_ratio`` = (c) / (a); ``e2e_vs_limit_ratio`` = (b) / min((a), (d)) (each ``..._once_processes_up`` too,
 from that pace, and (c)'s ``..._to_last_row``; the targets stay on the whole phase); GPU utilisation
 (NVML) is sampled during each phase; per-stage seconds come from the server's ``/metrics`` and the
@@ -147,6 +149,11 @@ class GpuSampler:
 
     def sampling(self, into: list[float]) -> AbstractContextManager[None]:
         return nullcontext() if self._read is None else sampled_every(0.1, self._read, into)
+
+    def sampling_timed(self, into: list[tuple[float, float]]) -> AbstractContextManager[None]:
+        """As :meth:`sampling`, each value with the ``time.perf_counter()`` it was read at."""
+        read = self._read
+        return nullcontext() if read is None else sampled_every(0.1, lambda: (time.perf_counter(), read()), into)
 
 
 @contextmanager
@@ -486,6 +493,69 @@ def phase_timeline(
     }
 
 
+TIMELINE_BIN_S = 0.5
+
+
+def server_progress(url: str) -> tuple[float, float, float]:
+    """(now, the server's tokens forwarded, its dumps written), from its /metrics: two lines of the text, no parser,
+    so that sampling it every quarter second costs the extractor's process next to nothing."""
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    values = dict.fromkeys(("hsextract_server_tokens_total", "hsextract_server_dumps_total"), 0.0)
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in values:
+            values[name] = float(value)
+    return time.perf_counter(), values["hsextract_server_tokens_total"], values["hsextract_server_dumps_total"]
+
+
+def binned(samples: list[tuple[float, float]], started: float, ended: float, *, rate: bool) -> list[float]:
+    """``(time, value)`` samples in bins of :data:`TIMELINE_BIN_S` from ``started``: a bin's mean value, or with
+    ``rate`` its growth in thousands a second (a counter's pace); an empty bin repeats the last."""
+    bins = max(1, math.ceil((ended - started) / TIMELINE_BIN_S))
+    out: list[float] = []
+    last = samples[0][1] if samples else 0.0
+    for i in range(bins):
+        lo, hi = started + i * TIMELINE_BIN_S, started + (i + 1) * TIMELINE_BIN_S
+        inside = [value for at, value in samples if lo <= at < hi]
+        if rate:
+            end = inside[-1] if inside else last
+            out.append(round((end - last) / TIMELINE_BIN_S / 1e3, 1))
+            last = end
+        else:
+            out.append(round(mean(inside), 1) if inside else (out[-1] if out else 0.0))
+    return out
+
+
+def phase_progress(
+    util: list[tuple[float, float]],
+    server: list[tuple[float, float, float]],
+    written: list[tuple[float, float, float]],
+    started: float,
+    ended: float,
+    forwarded_before: float,
+) -> dict[str, Any]:
+    """Where a phase's seconds went, bin by bin: the GPU's use, the tokens the server forwarded and the tokens the
+    extractor wrote (k/s); when the server forwarded its first and last token (``forwarded_before``: its count at the
+    phase's start), and when the first row was written."""
+    base = forwarded_before
+    forwarded = [(started, base), *((at, tokens) for at, tokens, _ in server)]
+    first_forward = next((at for at, tokens in forwarded if tokens > base), None)
+    total = forwarded[-1][1] if forwarded else base
+    last_forward = next((at for at, tokens in forwarded if tokens >= total), None) if total > base else None
+    first_row = next((at for at, tokens, _ in written if tokens > 0), None)
+    return {
+        "first_forward_after_s": None if first_forward is None else first_forward - started,
+        "last_forward_after_s": None if last_forward is None else last_forward - started,
+        "first_row_after_s": None if first_row is None else first_row - started,
+        "timeline": {
+            "bin_s": TIMELINE_BIN_S,
+            "gpu_util": binned(util, started, ended, rate=False),
+            "forwarded_k_tokens_per_s": binned(forwarded, started, ended, rate=True),
+            "written_k_tokens_per_s": binned([(at, tokens) for at, tokens, _ in written], started, ended, rate=True),
+        },
+    }
+
+
 def log_rate(name: str, phase: dict[str, Any]) -> None:
     """An extraction phase's tokens a second, and from when every pack process was up when they were."""
     steady = phase.get("tokens_per_s_once_processes_up")
@@ -493,6 +563,14 @@ def log_rate(name: str, phase: dict[str, Any]) -> None:
     finish = phase.get("finish_s")
     tail = f"; last row {phase['last_row_after_s']:.1f} s in, then {finish:.1f} s to finish" if finish is not None else ""
     log.info("%s: %.0f tokens/s%s%s", name, phase["tokens_per_s"], since, tail)
+    if phase.get("first_forward_after_s") is not None and phase.get("last_forward_after_s") is not None:
+        log.info(
+            "%s: the server forwarded from %.2f s to %.2f s in; first row written %.2f s in",
+            name,
+            phase["first_forward_after_s"],
+            phase["last_forward_after_s"],
+            phase.get("first_row_after_s") or float("nan"),
+        )
 
 
 def extract(
@@ -516,12 +594,17 @@ def extract(
         }
     )
     before = scrape(url)
-    util: list[float] = []
-    with SAMPLER.sampling(util), PROFILER.profiling(phase if phase in args.profile_phases.split(",") else "") as profile:
+    timed_util: list[tuple[float, float]] = []
+    profiling = PROFILER.profiling(phase if phase in args.profile_phases.split(",") else "")
+    with SAMPLER.sampling_timed(timed_util), profiling as profile:
         usage_before = {side: process_usage(pid) for side, pid in PROFILER.pids.items()}
         usage_before["pack_processes"] = ended_children_usage()
         watched: list[tuple[float, float, float]] = []
-        with sampled_every(0.05, functools.partial(pack_processes_sample, metrics), watched):
+        served: list[tuple[float, float, float]] = []
+        with (
+            sampled_every(0.05, functools.partial(pack_processes_sample, metrics), watched),
+            sampled_every(0.25, functools.partial(server_progress, url), served),
+        ):
             started = time.perf_counter()
             summary = Extraction(config, metrics=metrics).run()
             ended = time.perf_counter()
@@ -553,14 +636,15 @@ def extract(
         "output_bytes": written,
         "output_gb_per_s": written / seconds / GB,
         "sync_after_s": time.perf_counter() - sync_started,
-        "gpu_util_mean": mean(util),
-        "gpu_util_samples": len(util),
+        "gpu_util_mean": mean([value for _, value in timed_util]),
+        "gpu_util_samples": len(timed_util),
         "extractor_stage_seconds_sum": metrics.stage_totals(),
         "extractor_concurrency": args.concurrency,
         "pack_processes": processes,
         "packed_in_process": in_processes,
         **({"pack_process_start_cpu_s": start["user_s"] + start["system_s"]} if start is not None else {}),
         **phase_timeline(watched, processes, started, ended, summary.total_tokens),
+        **phase_progress(timed_util, served, watched, started, ended, before.get("hsextract_server_tokens_total", 0.0)),
         "rows_per_request": config.rows_per_request,
         "posts": metrics.registry.get_sample_value("hsextract_rows_per_request_count"),
         # rows written from their dump whose answer had not come answer_grace_s later: a POST's rows are answered
