@@ -29,15 +29,16 @@ Then, in one run:
     fsync a no-op (``hsextract.api.syncs_off``), interleaved: the rate ratio per pair and its median
     (target >= 0.97), and the workers' share of time waiting for their samples' fsyncs.
 
-Each extraction phase also gives when every pack process was up (``pack_processes_up_after_s``: each imports torch,
-3.4-5.6 s of CPU on one H100's host), when its last row was written (``last_row_after_s``) and what the run did after
-it (``finish_s``: stopping the pack processes, the format's index, data_config), its tokens a second from every
-process up to the last row (``tokens_per_s_once_processes_up``: past the start and before the finish, fixed costs a
-phase of seconds mostly is, but also the rows that waited while the processes started, drained faster than the forward
-makes them) and from the phase's start to the last row (``tokens_per_s_to_last_row``: the start counted, the finish
-not); when the server forwarded its first and last token and the first row was written (``first_forward_after_s``,
-``last_forward_after_s``, ``first_row_after_s``), and a ``timeline`` in bins of half a second: the GPU's use, the
-tokens the server forwarded and those the extractor wrote, so a phase shows where its GPU waited.
+Each extraction phase also gives when every pack process was up (``pack_processes_up_after_s``: forked once the run
+has its plan; before issue 37's forks each imported torch, 1.5-1.7 s into a phase on one H100's host), when its last
+row was written (``last_row_after_s``) and what the run did after it (``finish_s``: stopping the pack processes, the
+format's index, data_config), its tokens a second from every process up to the last row
+(``tokens_per_s_once_processes_up``: past the start and before the finish, fixed costs a phase of seconds mostly is,
+but also the rows that waited while the processes started, drained faster than the forward makes them) and from the
+phase's start to the last row (``tokens_per_s_to_last_row``: the start counted, the finish not); when the server
+forwarded its first and last token and the first row was written (``first_forward_after_s``, ``last_forward_after_s``,
+``first_row_after_s``), and a ``timeline`` in bins of half a second: the GPU's use, the tokens the server forwarded and
+those the extractor wrote, so a phase shows where its GPU waited.
 ``e2e_vs_forward_ratio`` = (c) / (a); ``e2e_vs_limit_ratio`` = (b) / min((a), (d)) (each ``..._once_processes_up`` too,
 from that pace, and (c)'s ``..._to_last_row``; the targets stay on the whole phase); GPU utilisation
 (NVML) is sampled during each phase; per-stage seconds come from the server's ``/metrics`` and the
@@ -94,6 +95,7 @@ from hsextract.api import (
     ExtractConfig,
     Extraction,
     ExtractMetrics,
+    PackProcesses,
     SampleFile,
     ServeConfig,
     choose_direct,
@@ -424,14 +426,15 @@ def ended_children_usage() -> dict[str, float]:
 
 
 def pack_process_start_usage() -> dict[str, float]:
-    """What one pack process spends before its first row (its imports, torch's among them): a process started and
-    ended alone, as the run starts each. Subtracted from the pack processes' CPU so that their ``per_row`` is what a
-    row costs them: over the wide model's phases of 6-9 s on one H100's host, four starts were 61-78 % of it (issue 37)."""
+    """What one pack process spends before its first row: one forked, up and ended alone, as the run forks each (a
+    replacement, started as a program, imports torch: not counted, a phase has none). Subtracted from the pack
+    processes' CPU so that their ``per_row`` is what a row costs them: when each imported torch, four starts were
+    61-78 % of it over the wide model's phases of 6-9 s on one H100's host (issue 37)."""
     global _START_USAGE
     if _START_USAGE is None:
         before = ended_children_usage()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))}  # finds the package as this does
-        subprocess.run([sys.executable, "-c", "import hsextract.extract.pack_worker"], check=True, env=env)
+        with tempfile.TemporaryDirectory() as out:
+            PackProcesses(1, open_format("specforge", Path(out)), Path(out)).close()
         after = ended_children_usage()
         _START_USAGE = {key: after[key] - value for key, value in before.items()}
     return _START_USAGE
@@ -1191,7 +1194,7 @@ def headline(phases: dict[str, Any]) -> dict[str, Any]:
     rate = {name: phase.get("tokens_per_s") for name, phase in phases.items()}
     a, b, c, d = (rate.get(k) for k in ("a_forward", "b_e2e_disk", "c_e2e_tmpfs", "d_disk_write"))
     out: dict[str, Any] = {"tokens_per_s": rate}
-    # the same past the run's start (each pack process imports torch: seconds of a phase of seconds)
+    # the same past the run's start (its plan, the pack processes' forks; before them, seconds of imports)
     steady = {name: phase.get("tokens_per_s_once_processes_up") for name, phase in phases.items()}
     if a and c:
         out["e2e_vs_forward_ratio"] = c / a

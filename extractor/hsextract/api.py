@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from hsextract.extract.config import ExtractConfig
     from hsextract.extract.metrics import ExtractMetrics
     from hsextract.extract.outcome import RunSummary
+    from hsextract.extract.pack_processes import PackProcesses
     from hsextract.extract.planning.dataset import iter_raw_rows, validate_row
     from hsextract.extract.requests.plain_post import PlainConnection
     from hsextract.extract.run import Extraction
@@ -45,6 +46,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "ExtractConfig": ("hsextract.extract.config", "ExtractConfig"),
     "Extraction": ("hsextract.extract.run", "Extraction"),
     "ExtractMetrics": ("hsextract.extract.metrics", "ExtractMetrics"),
+    # the run's pack processes (bench_gpu_e2e measures what one costs to start)
+    "PackProcesses": ("hsextract.extract.pack_processes", "PackProcesses"),
     "RunSummary": ("hsextract.extract.outcome", "RunSummary"),
     # the connection a row's /generate goes out on (bench_http_client times it against httpx)
     "PlainConnection": ("hsextract.extract.requests.plain_post", "PlainConnection"),
@@ -93,6 +96,7 @@ __all__ = [
     "HiddenStateDumper",
     "HookConfig",
     "HttpFront",
+    "PackProcesses",
     "PlainConnection",
     "PrepareConfig",
     "RunSummary",

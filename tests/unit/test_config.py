@@ -306,7 +306,7 @@ def test_serve_names_a_model_path_that_does_not_exist(
 
 
 def test_pack_processes_default_to_a_quarter_of_the_cpus_for_long_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Unset: none for a short run (a process costs a second or more to start), else a quarter of the CPUs this
+    """Unset: none for a short run (its row threads keep up), else a quarter of the CPUs this
     process may use, 1 to 8; a value given is taken as it is, 0 included."""
     config = ExtractConfig(server="http://h:1", dataset=Path("d.jsonl"), output=Path("o"))
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))

@@ -19,8 +19,8 @@ from hsextract.errors import ConfigError
 from hsextract.output.formats import DEFAULT_FORMAT, FORMAT_NAMES
 from hsextract.output.sample_file import OutputIO
 
-#: pack processes (``pack_processes`` unset) only for runs with this many rows to do: a process takes a second or
-#: more to start (it imports torch), which a short run would spend for nothing
+#: pack processes (``pack_processes`` unset) only for runs with this many rows to do: the row threads keep up with a
+#: shorter run, and one started in place of a process that died takes a second or more (it imports torch)
 PACK_PROCESSES_FROM_ROWS = 512
 #: rows_per_request's default (bench/results-row-cost.json, "rows_per_request")
 ROWS_PER_REQUEST = 16
@@ -101,8 +101,8 @@ class ExtractConfig(StrictConfig):
         ge=0,
         le=64,
         description="processes that read, check and write the dumps beside the request threads, each with its own "
-        "interpreter lock (0: on the request threads; default: a quarter of the CPUs, 1 to 8, for runs of "
-        f"{PACK_PROCESSES_FROM_ROWS} rows or more, else 0)",
+        "interpreter lock, forked from the run's process (hsextract-pack in ps and top) (0: on the request threads; "
+        f"default: a quarter of the CPUs, 1 to 8, for runs of {PACK_PROCESSES_FROM_ROWS} rows or more, else 0)",
     )
     output_io: OutputIO = Field(
         "buffered",

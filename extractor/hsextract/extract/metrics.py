@@ -67,8 +67,8 @@ class ExtractMetrics:
         )
         self.pack_processes_up = Gauge(
             "hsextract_pack_processes_up",
-            "Pack processes ready for rows (pack_processes): 0 until the first is up (each imports torch, seconds); "
-            "rows are packed on their own threads meanwhile",
+            "Pack processes ready for rows (pack_processes): forked once the run has its plan, up within milliseconds; one "
+            "started in place of one that died imports torch (seconds); rows are packed on their own threads meanwhile",
             registry=r,
         )
         self.stage_seconds = Histogram(

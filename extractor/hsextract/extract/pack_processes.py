@@ -13,9 +13,13 @@ be. The process reads the dump from the dump directory itself and writes the sam
 syncs the file once it has let go of its turn (row_worker's ``ROWS_PACKED_ON_THREADS``), so the fsyncs of a slow disk
 overlap and hold no process. An error comes back whole, and the row's thread handles it as before (retry, skip, stop).
 
+The run's processes are forked from its process as it creates :class:`PackProcesses`, before its row threads start:
+up in milliseconds, torch and the packing code already imported. A replacement is started as a program of its own
+(:mod:`hsextract.extract.pack_worker` says why), which imports torch: a second or more.
+
 A row first waits for a turn: the run has one per process and ``ROWS_PACKED_ON_THREADS`` more
-(:mod:`hsextract.extract.row_worker` says why). When no process is idle (all busy, or still starting: each imports
-torch, a second or more) the row is packed on its own thread. Wide rows (tens of MB) take a turn too: on their threads
+(:mod:`hsextract.extract.row_worker` says why). When no process is idle (all busy, or a replacement still starting)
+the row is packed on its own thread. Wide rows (tens of MB) take a turn too: on their threads
 at once, their finite checks handed the lock over every 512 KiB among dozens of threads. A process that
 dies (killed, out of memory) fails the row it held with
 :class:`~hsextract.errors.PackProcessError`, which is retried, and a new process takes its place.
@@ -25,12 +29,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -38,7 +45,7 @@ from typing import Any
 
 import hsextract
 from hsextract.errors import PackProcessError
-from hsextract.extract.pack_worker import READY
+from hsextract.extract.pack_worker import READY, fork_serving
 from hsextract.extract.packing import Packed, PackJob
 from hsextract.output.formats.base import OutputFormat
 
@@ -48,19 +55,51 @@ log = logging.getLogger(__name__)
 CLOSE_TIMEOUT_S = 60.0
 
 
-class _Process:
-    """One pack process (``python -m hsextract.extract.pack_worker``) and the socket to it."""
+class _Forked:
+    """A forked child, waited for as a ``subprocess.Popen`` is (the part of its interface ``_Process`` uses)."""
 
-    def __init__(self, fmt: OutputFormat, output: Path) -> None:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)  # -9: killed by SIGKILL, as Popen says it
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline, pause = time.monotonic() + (math.inf if timeout is None else timeout), 0.0005
+        while (code := self.poll()) is None:
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"pack process {self.pid}", timeout or 0.0)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+        return code
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+
+class _Process:
+    """One pack process (forked, or ``python -m hsextract.extract.pack_worker``) and the socket to it."""
+
+    def __init__(self, fmt: OutputFormat, output: Path, forked: bool = False) -> None:
         here, there = socket.socketpair()
-        package_root = str(Path(hsextract.__file__).resolve().parents[1])  # importable there as it is here
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "hsextract.extract.pack_worker", str(there.fileno())],
-            pass_fds=(there.fileno(),),
-            stdin=subprocess.DEVNULL,
-            env=env,
-        )
+        self.process: subprocess.Popen[bytes] | _Forked
+        if forked:
+            self.process = _Forked(fork_serving(there.fileno()))
+        else:
+            package_root = str(Path(hsextract.__file__).resolve().parents[1])  # importable there as it is here
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "hsextract.extract.pack_worker", str(there.fileno())],
+                pass_fds=(there.fileno(),),
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
         there.close()
         self.conn = Connection(here.detach())
         self.conn.send((fmt, output))
@@ -107,8 +146,9 @@ def stop_all(processes: list[_Process], on_stopped: Callable[[], None] = lambda:
 
 
 class PackProcesses:
-    """``processes`` pack processes, lent to the row threads one job at a time; ``on_up`` is told how many are up
-    (ready for rows) each time that changes: none at first, each start takes seconds."""
+    """``processes`` pack processes, forked here (create it on the run's main thread before its row threads start),
+    lent to the row threads one job at a time; ``on_up`` is told how many are up (ready for rows) each time that
+    changes: none at first, all within milliseconds (a replacement takes seconds)."""
 
     def __init__(self, processes: int, fmt: OutputFormat, output: Path, on_up: Callable[[int], None] = lambda up: None) -> None:
         if processes < 1:
@@ -119,7 +159,8 @@ class PackProcesses:
         self._up = 0  # ready, and not ended since
         self._on_up = on_up
         self._lock = threading.Lock()
-        self._starter = threading.Thread(target=self._start_all, name="hsextract-pack-start", daemon=True)
+        forked = self._fork_all()
+        self._starter = threading.Thread(target=self._start_all, args=(forked,), name="hsextract-pack-start", daemon=True)
         self._starter.start()
 
     @property
@@ -179,8 +220,17 @@ class PackProcesses:
         self._count_up(1)
         self._idle.put(process)
 
-    def _start_all(self) -> None:
-        starting = [_Process(self._fmt, self._output) for _ in range(self._count)]  # importing at once
+    def _fork_all(self) -> list[_Process]:
+        forked: list[_Process] = []
+        try:
+            for _ in range(self._count):
+                forked.append(_Process(self._fmt, self._output, forked=True))
+        except OSError as exc:  # out of memory or processes: the rest start as programs of their own
+            log.warning("could not fork a pack process (%s); starting %d as programs", exc, self._count - len(forked))
+        return forked
+
+    def _start_all(self, forked: list[_Process]) -> None:
+        starting = forked + [_Process(self._fmt, self._output) for _ in range(self._count - len(forked))]
         for process in starting:
             try:
                 process.wait_ready()

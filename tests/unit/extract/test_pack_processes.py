@@ -1,12 +1,17 @@
-"""Packing in processes of their own (extract/pack_processes.py), with real spawned processes and real dump files:
-a row packed in a process writes the same file as on its own thread; its error comes back whole; with every process
-busy or starting the row is handed back (None); a killed process fails its row with a retried error and another
-takes its place; a SIGTERM to the group does not end them; close ends every one, asking all before waiting for any."""
+"""Packing in processes of their own (extract/pack_processes.py), with real forked and started processes and real
+dump files: the run's processes are forked, up at once, holding none of the run's files; a row packed in a process
+writes the same file as on its own thread; its error comes back whole; with every process busy or starting the row is
+handed back (None); a killed process fails its row with a retried error and a started one takes its place; a SIGTERM
+to the group does not end them; close ends every one, asking all before waiting for any."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 import zipfile
@@ -40,16 +45,19 @@ def _job(dump_dir: Path, row: int, sent: list[int] | None = None) -> PackJob:
     return PackJob(Sample(row, sent, [1] * len(sent), len(sent)), dump_dir / rid, EXPECT)
 
 
-def _pack_processes() -> list[int]:
-    """The pids of this process's live pack processes (``python -m hsextract.extract.pack_worker``)."""
+def _pack_processes(started: bool = True) -> list[int]:
+    """The pids of this process's live pack processes: forked (named ``hsextract-pack``) and, with ``started``, those
+    started as ``python -m hsextract.extract.pack_worker``."""
     pids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rpartition(")")[2].split()
+            name, _, rest = stat.read_text().partition("(")[2].rpartition(")")
             cmdline = (stat.parent / "cmdline").read_bytes()
         except OSError:
             continue  # gone meanwhile
-        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"hsextract.extract.pack_worker" in cmdline:
+        state, parent = rest.split()[:2]
+        ours = name == "hsextract-pack" or (started and b"hsextract.extract.pack_worker" in cmdline)
+        if int(parent) == os.getpid() and state != "Z" and ours:
             pids.append(int(stat.parent.name))
     return pids
 
@@ -191,3 +199,76 @@ def test_every_process_is_asked_to_stop_before_any_is_waited_for(tmp_path: Path)
         os.kill(first.process.pid, signal.SIGCONT)
         stopping.join(timeout=60)
     assert [p.process.returncode for p in processes] == [0, 0, 0]
+
+
+def test_the_runs_processes_are_forked_up_at_once_holding_none_of_its_files(tmp_path: Path) -> None:
+    """Forked, not started: a new interpreter imported torch for 1.5-1.7 s on an H100's host while a wide run wrote
+    almost nothing. A fork copies every fd: a child that kept the run's output lock (flock: held while any copy is
+    open) or its metrics port would hold them past the run."""
+    lock_path = tmp_path / "lock"
+    held = os.open(lock_path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    port = socket.create_server(("127.0.0.1", 0))
+    before = set(_pack_processes())
+    two = PackProcesses(2, open_format("specforge", tmp_path / "out"), tmp_path / "out")
+    try:
+        forked = set(_pack_processes(started=False)) - before
+        assert len(forked) == 2  # named hsextract-pack: forked, where a started one runs python -m ...pack_worker
+        _wait_idle(two, 2)
+        for pid in forked:
+            fds = {int(fd.name): os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()}
+            assert sorted(fds)[:3] == [0, 1, 2] and len(fds) == 4, fds  # stdio and its socket
+            assert fds[max(fds)].startswith("socket:")
+        os.close(held)  # the run lets go of its lock: no child holds it on
+        again = os.open(lock_path, os.O_RDWR)
+        try:
+            fcntl.flock(again, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(again)
+        assert two.pack(_job(tmp_path, 14)) is not None
+    finally:
+        two.close()
+        port.close()
+    assert sorted(_pack_processes()) == sorted(before)
+
+
+def test_a_process_that_cannot_be_forked_is_started_as_a_program(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_fork() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    before, forked_before = set(_pack_processes()), set(_pack_processes(started=False))
+    monkeypatch.setattr(os, "fork", no_fork)
+    one = PackProcesses(1, open_format("specforge", tmp_path / "out"), tmp_path / "out")
+    monkeypatch.undo()
+    try:
+        _wait_idle(one, 1)
+        assert len(set(_pack_processes()) - before) == 1 and set(_pack_processes(started=False)) == forked_before
+        assert one.pack(_job(tmp_path, 15)) is not None
+    finally:
+        one.close()
+
+
+def test_a_forked_process_writes_faulthandlers_tracebacks_to_its_stderr_not_a_closed_file(tmp_path: Path) -> None:
+    """A hang is looked into with faulthandler on SIGUSR1 (a file of the run's): in a forked process that file's fd
+    is closed, and a new file may have its number. The traceback goes to the process's stderr instead."""
+    script = f"""
+import faulthandler, os, signal, sys, time
+from pathlib import Path
+from hsextract.extract.pack_processes import PackProcesses
+from hsextract.output.formats import open_format
+trace = open({str(tmp_path / "trace.txt")!r}, "w")
+faulthandler.register(signal.SIGUSR1, file=trace, all_threads=True)
+out = Path({str(tmp_path / "out")!r})
+packer = PackProcesses(1, open_format("specforge", out), out)
+while packer.idle < 1:
+    time.sleep(0.01)
+children = Path(f"/proc/{{os.getpid()}}/task/{{os.getpid()}}/children").read_text().split()
+(pid,) = [int(c) for c in children if Path(f"/proc/{{c}}/comm").read_text().strip() == "hsextract-pack"]
+os.kill(pid, signal.SIGUSR1)
+time.sleep(1.0)
+packer.close()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "serve" in done.stderr and "pack_worker.py" in done.stderr  # the child's stack, on its stderr
+    assert (tmp_path / "trace.txt").read_text() == ""  # nothing into the run's file, or a file with its number
