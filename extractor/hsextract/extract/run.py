@@ -224,15 +224,16 @@ class Extraction:
             self.metrics.run_started.set(time.time())
             expect = setup.dump_expectation()
             progress = Progress(plan.rows_in_shard, plan.settled, plan.todo_tokens, cfg.log_interval_s)
+            processes = cfg.pack_processes_for(plan.todo_rows)
+            # forked before the plan's counter and the row threads start: a fork copies one thread only
+            packer = PackProcesses(processes, fmt, cfg.output, self.metrics.pack_processes_up.set) if processes else None
+            if packer is not None:
+                log.info("packing in %d processes (pack_processes)", processes)
             if not plan.exact:
                 planner.start(functools.partial(self._exact_plan, progress=progress))
             open_requests = OpenRequests()
             gate = self._gate = ServerGate(self.client, ledger, self.metrics, cfg.server_down_timeout_s)
             expectations = Expectations(expect, on_pin=self._pin_dtype)
-            processes = cfg.pack_processes_for(plan.todo_rows)
-            packer = PackProcesses(processes, fmt, cfg.output, self.metrics.pack_processes_up.set) if processes else None
-            if packer is not None:
-                log.info("packing in %d processes (pack_processes)", processes)
             worker = RowWorker(setup, self.client, ledger, self.metrics, expectations, open_requests, gate, spot, packer)
             watchdog = StallWatchdog(open_requests, ledger, self.metrics, cfg.stall_timeout_s, down_since=gate.down_since)
             watchdog.start()

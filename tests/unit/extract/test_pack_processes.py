@@ -121,15 +121,20 @@ def test_an_error_in_a_process_comes_back_whole_and_the_process_stays(packer: Pa
     assert packer.idle == 2
 
 
-def test_with_every_process_busy_the_row_is_handed_back(tmp_path: Path) -> None:
-    before = _pack_processes()  # the module's packer's
-    starting = PackProcesses(1, open_format("specforge", tmp_path / "out"), tmp_path / "out")
+def test_with_every_process_busy_the_row_is_handed_back(packer: PackProcesses, tmp_path: Path) -> None:
+    lent = [packer._idle.get(timeout=30) for _ in range(2)]  # both processes out, as with two other rows
     try:
-        assert starting.pack(_job(tmp_path, 7)) is None  # still importing: the row's own thread packs it
+        assert packer.pack(_job(tmp_path, 7)) is None  # none idle: the row's own thread packs it
         assert (tmp_path / f"hsx-{7:09d}-n{TOKENS}").exists()  # untouched
     finally:
-        starting.close()
-    assert sorted(_pack_processes()) == sorted(before)  # close ended it, started or not
+        for process in lent:
+            packer._idle.put(process)
+
+
+def test_close_right_after_the_start_ends_every_process(tmp_path: Path) -> None:
+    before = _pack_processes()  # the module's packer's
+    PackProcesses(2, open_format("specforge", tmp_path / "out"), tmp_path / "out").close()
+    assert sorted(_pack_processes()) == sorted(before)
 
 
 def test_a_killed_process_fails_its_row_retried_and_another_takes_its_place(packer: PackProcesses, tmp_path: Path) -> None:
