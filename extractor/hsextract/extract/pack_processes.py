@@ -13,9 +13,10 @@ be. The process reads the dump from the dump directory itself and writes the sam
 syncs the file once it has let go of its turn (row_worker's ``ROWS_PACKED_ON_THREADS``), so the fsyncs of a slow disk
 overlap and hold no process. An error comes back whole, and the row's thread handles it as before (retry, skip, stop).
 
-The run's processes are forked from its process as it creates :class:`PackProcesses`, before its row threads start:
-up in milliseconds, torch and the packing code already imported. A replacement is started as a program of its own
-(:mod:`hsextract.extract.pack_worker` says why), which imports torch: a second or more.
+The run's processes are started as programs of their own (:mod:`hsextract.extract.pack_worker` says why), each
+importing torch: a second or more. Until each is up, a process forked from the run's as it creates
+:class:`PackProcesses`, before its row threads start, stands in for it: up in milliseconds, torch and the packing code
+already imported, and stopped at its next turn once a started process is up (:class:`PackProcesses` says why).
 
 A row first waits for a turn: the run has one per process and ``ROWS_PACKED_ON_THREADS`` more
 (:mod:`hsextract.extract.row_worker` says why). When no process is idle (all busy, or a replacement still starting)
@@ -87,6 +88,7 @@ class _Process:
     """One pack process (forked, or ``python -m hsextract.extract.pack_worker``) and the socket to it."""
 
     def __init__(self, fmt: OutputFormat, output: Path, forked: bool = False) -> None:
+        self.stand_in = forked  # a fork packs only until a process started as a program is up (PackProcesses says why)
         here, there = socket.socketpair()
         self.process: subprocess.Popen[bytes] | _Forked
         if forked:
@@ -146,20 +148,26 @@ def stop_all(processes: list[_Process], on_stopped: Callable[[], None] = lambda:
 
 
 class PackProcesses:
-    """``processes`` pack processes, forked here (create it on the run's main thread before its row threads start),
-    lent to the row threads one job at a time; ``on_up`` is told how many are up (ready for rows) each time that
-    changes: none at first, all within milliseconds (a replacement takes seconds)."""
+    """``processes`` pack processes, lent to the row threads one job at a time; ``on_up`` is told how many are up
+    (ready for rows) each time that changes: none at first, all within milliseconds.
+
+    Each is started as a program of its own, and until it is up (it imports torch: 1.5-2.5 s on an H100's host) a
+    process forked here stands in for it (create this on the run's main thread before its row threads start). The
+    forks pack from the first rows on, but a bf16 row cost a forked process about twice the CPU it costs a started one
+    on that host (bench/results-gpu-e2e-h100-speculators.json, ``session28``), so each fork is stopped, at its next
+    turn, once a started process is up."""
 
     def __init__(self, processes: int, fmt: OutputFormat, output: Path, on_up: Callable[[int], None] = lambda up: None) -> None:
         if processes < 1:
             raise ValueError(f"PackProcesses needs at least one process, not {processes}")
         self._count, self._fmt, self._output = processes, fmt, output
         self._idle: queue.SimpleQueue[_Process] = queue.SimpleQueue()
-        self._live = processes  # started or starting, less those that could not be started again
         self._up = 0  # ready, and not ended since
         self._on_up = on_up
         self._lock = threading.Lock()
+        self._to_retire = 0  # stand-ins to stop at their next turn: one for each started process up
         forked = self._fork_all()
+        self._live = processes + len(forked)  # started or starting, less those stopped or not started again
         self._starter = threading.Thread(target=self._start_all, args=(forked,), name="hsextract-pack-start", daemon=True)
         self._starter.start()
 
@@ -176,9 +184,8 @@ class PackProcesses:
     def pack(self, job: PackJob) -> Packed | None:
         """Pack one row in an idle process (its error, if any, is raised here); None when none is idle (all busy,
         or still starting): the row's own thread packs it then, so the processes add to the threads, never queue."""
-        try:
-            process = self._idle.get_nowait()
-        except queue.Empty:
+        process = self._take_idle()
+        if process is None:
             return None
         try:
             outcome, value = process.call(job)
@@ -188,9 +195,14 @@ class PackProcesses:
                 f"{process.ended()} while it packed row {job.sample.row} ({type(exc).__name__}); the row is tried again. "
                 "If this repeats, look for the out-of-memory killer (dmesg), or set pack_processes 0"
             )
-            self._replace()
+            if process.stand_in:  # its started successor is on its way
+                with self._lock:
+                    self._live -= 1
+            else:
+                self._replace()
             raise error from None
-        self._idle.put(process)
+        if not self._retired(process):
+            self._idle.put(process)
         if outcome == "packed":
             assert isinstance(value, Packed)
             return value
@@ -201,14 +213,50 @@ class PackProcesses:
         self._starter.join()
         stop_all([self._idle.get() for _ in range(self._live)], on_stopped=lambda: self._count_up(-1))
 
+    def _take_idle(self) -> _Process | None:
+        while True:
+            try:
+                process = self._idle.get_nowait()
+            except queue.Empty:
+                return None
+            if not self._retired(process):
+                return process
+
+    def _retire_a_stand_in(self) -> None:
+        """Stop an idle stand-in now; with every stand-in busy, the next one to come back."""
+        with self._lock:
+            self._to_retire += 1
+        kept: list[_Process] = []
+        while True:
+            try:
+                process = self._idle.get_nowait()
+            except queue.Empty:
+                break
+            if self._retired(process):
+                break
+            kept.append(process)
+        for process in kept:
+            self._idle.put(process)
+
+    def _retired(self, process: _Process) -> bool:
+        """Whether ``process`` was a stand-in due to stop, now stopped (a fork exits at once)."""
+        with self._lock:
+            if not (process.stand_in and self._to_retire):
+                return False
+            self._to_retire -= 1
+            self._live -= 1
+        stop_all([process], on_stopped=lambda: self._count_up(-1))
+        return True
+
     def _count_up(self, change: int) -> None:
         with self._lock:
             self._up += change
             up = self._up
         self._on_up(up)
 
-    def _replace(self) -> None:
-        """A new process in place of one that died, started on the calling thread; if it cannot start, one fewer."""
+    def _replace(self) -> bool:
+        """A new process in place of one that died, started on the calling thread; if it cannot start, one fewer
+        (False)."""
         process = _Process(self._fmt, self._output)
         try:
             process.wait_ready()
@@ -216,9 +264,10 @@ class PackProcesses:
             log.error("%s before it was ready: packing goes on with one process fewer", process.ended())
             with self._lock:
                 self._live -= 1
-            return
+            return False
         self._count_up(1)
         self._idle.put(process)
+        return True
 
     def _fork_all(self) -> list[_Process]:
         forked: list[_Process] = []
@@ -230,13 +279,26 @@ class PackProcesses:
         return forked
 
     def _start_all(self, forked: list[_Process]) -> None:
-        starting = forked + [_Process(self._fmt, self._output) for _ in range(self._count - len(forked))]
-        for process in starting:
+        started = [_Process(self._fmt, self._output) for _ in range(self._count)]  # importing at once
+        for stand_in in forked:
+            try:
+                stand_in.wait_ready()
+            except (EOFError, OSError):
+                log.warning("%s before it was ready", stand_in.ended())
+                with self._lock:
+                    self._live -= 1
+            else:
+                self._count_up(1)
+                self._idle.put(stand_in)
+        for process in started:
             try:
                 process.wait_ready()
             except (EOFError, OSError):
                 log.warning("%s before it was ready; starting another", process.ended())
-                self._replace()
+                up = self._replace()
             else:
                 self._count_up(1)
                 self._idle.put(process)
+                up = True
+            if up:
+                self._retire_a_stand_in()

@@ -1,12 +1,12 @@
 """The pack process's side (:mod:`hsextract.extract.pack_processes`): forked from the run's process, or started as
 ``python -m hsextract.extract.pack_worker FD``.
 
-A run's processes are forked (:func:`fork_serving`) on its main thread before its row threads start: the child has
-torch and the packing code already imported, so it is up in milliseconds, where a new interpreter took 1.5-1.7 s on
-an H100's host and a wide bf16 run wrote almost nothing meanwhile (issue 37). A process that replaces one that died is
-started as a program of its own: by then the run's threads are mid-request and mid-row, and a fork copies whatever
-locks they hold. Neither is ``multiprocessing``'s spawn, which imports the parent's main module again: a script that
-runs an extraction without an ``if __name__ == "__main__"`` guard would start another run in every child.
+A run's processes are started as programs, and forked ones (:func:`fork_serving`, on its main thread before its row
+threads start) stand in for them while they import torch: the child has torch and the packing code already imported,
+so it is up in milliseconds, where a new interpreter took 1.5-2.5 s on an H100's host and a wide bf16 run wrote little
+meanwhile (issue 37). Only stand-ins are forked: later the run's threads are mid-request and mid-row, and a fork copies
+whatever locks they hold. Neither is ``multiprocessing``'s spawn, which imports the parent's main module again: a
+script that runs an extraction without an ``if __name__ == "__main__"`` guard would start another run in every child.
 
 FD is this process's end of a socket pair. The first message is the output format and the output directory; then
 each message is a :class:`~hsextract.extract.packing.PackJob`, answered ``("packed", Packed)`` (the sample file

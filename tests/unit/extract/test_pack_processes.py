@@ -1,5 +1,6 @@
 """Packing in processes of their own (extract/pack_processes.py), with real forked and started processes and real
-dump files: the run's processes are forked, up at once, holding none of the run's files; a row packed in a process
+dump files: forked stand-ins are up at once, holding none of the run's files, and stopped once the started processes
+are up; a row packed in a process
 writes the same file as on its own thread; its error comes back whole; with every process busy or starting the row is
 handed back (None); a killed process fails its row with a retried error and a started one takes its place; a SIGTERM
 to the group does not end them; close ends every one, asking all before waiting for any."""
@@ -69,11 +70,19 @@ def _wait_idle(packer: PackProcesses, count: int) -> None:
         time.sleep(0.05)
 
 
+def _wait_started(packer: PackProcesses, count: int) -> None:
+    """Until ``count`` processes started as programs are idle and every forked stand-in is stopped."""
+    deadline = time.monotonic() + 180
+    while packer.idle < count or _pack_processes(started=False):
+        assert time.monotonic() < deadline, f"{count} started pack processes did not take over from the stand-ins"
+        time.sleep(0.05)
+
+
 @pytest.fixture(scope="module")
 def packer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PackProcesses]:
     out = tmp_path_factory.mktemp("out")
     processes = PackProcesses(2, open_format("specforge", out), out)
-    _wait_idle(processes, 2)
+    _wait_started(processes, 2)
     yield processes
     processes.close()
 
@@ -171,16 +180,16 @@ def test_how_many_are_up_is_told_as_they_start_end_and_are_replaced(tmp_path: Pa
     ups: list[int] = []
     one = PackProcesses(1, open_format("specforge", tmp_path / "out"), tmp_path / "out", ups.append)
     try:
-        _wait_idle(one, 1)
-        assert ups == [1]
+        _wait_started(one, 1)
+        assert ups == [1, 2, 1]  # the stand-in up, the started one up, the stand-in stopped
         (pid,) = set(_pack_processes()) - before
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(PackProcessError):
             one.pack(_job(tmp_path, 13))
-        assert ups == [1, 0, 1]  # it ended, and its replacement is up
+        assert ups == [1, 2, 1, 0, 1]  # it ended, and its replacement is up
     finally:
         one.close()
-    assert ups == [1, 0, 1, 0]
+    assert ups == [1, 2, 1, 0, 1, 0]
 
 
 def test_every_process_is_asked_to_stop_before_any_is_waited_for(tmp_path: Path) -> None:
@@ -206,10 +215,13 @@ def test_every_process_is_asked_to_stop_before_any_is_waited_for(tmp_path: Path)
     assert [p.process.returncode for p in processes] == [0, 0, 0]
 
 
-def test_the_runs_processes_are_forked_up_at_once_holding_none_of_its_files(tmp_path: Path) -> None:
-    """Forked, not started: a new interpreter imported torch for 1.5-1.7 s on an H100's host while a wide run wrote
-    almost nothing. A fork copies every fd: a child that kept the run's output lock (flock: held while any copy is
-    open) or its metrics port would hold them past the run."""
+def test_forked_stand_ins_are_up_at_once_holding_none_of_the_runs_files_until_the_started_ones_are_up(
+    tmp_path: Path,
+) -> None:
+    """A new interpreter imported torch for 1.5-2.5 s on an H100's host while a wide run wrote little: forks stand in
+    meanwhile, and stop once the started ones are up (a bf16 row cost a fork twice the CPU there). A fork copies every
+    fd: a child that kept the run's output lock (flock: held while any copy is open) or its metrics port would hold
+    them past the run."""
     lock_path = tmp_path / "lock"
     held = os.open(lock_path, os.O_RDWR | os.O_CREAT)
     fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -231,6 +243,9 @@ def test_the_runs_processes_are_forked_up_at_once_holding_none_of_its_files(tmp_
         finally:
             os.close(again)
         assert two.pack(_job(tmp_path, 14)) is not None
+        _wait_started(two, 2)  # the stand-ins stopped: two processes, both started as programs
+        assert len(set(_pack_processes()) - before) == 2 and not _pack_processes(started=False)
+        assert two.pack(_job(tmp_path, 16)) is not None
     finally:
         two.close()
         port.close()
