@@ -181,6 +181,9 @@ def test_how_many_are_up_is_told_as_they_start_end_and_are_replaced(tmp_path: Pa
     one = PackProcesses(1, open_format("specforge", tmp_path / "out"), tmp_path / "out", ups.append)
     try:
         _wait_started(one, 1)
+        deadline = time.monotonic() + 10  # told once the stand-in is reaped, a moment after it left /proc
+        while len(ups) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert ups == [1, 2, 1]  # the stand-in up, the started one up, the stand-in stopped
         (pid,) = set(_pack_processes()) - before
         os.kill(pid, signal.SIGKILL)
