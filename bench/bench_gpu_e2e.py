@@ -29,8 +29,8 @@ Then, in one run:
     fsync a no-op (``hsextract.api.syncs_off``), interleaved: the rate ratio per pair and its median
     (target >= 0.97), and the workers' share of time waiting for their samples' fsyncs.
 
-Each extraction phase also gives when every pack process was up (``pack_processes_up_after_s``: forked once the run
-has its plan; before issue 37's forks each imported torch, 1.5-1.7 s into a phase on one H100's host), when its last
+Each extraction phase also gives when every pack process was up (``pack_processes_up_after_s``: the forks that stand
+in while the started ones import torch, 1.5-2.5 s into a phase on one H100's host, are up at once), when its last
 row was written (``last_row_after_s``) and what the run did after it (``finish_s``: stopping the pack processes, the
 format's index, data_config), its tokens a second from every process up to the last row
 (``tokens_per_s_once_processes_up``: past the start and before the finish, fixed costs a phase of seconds mostly is,
@@ -426,10 +426,10 @@ def ended_children_usage() -> dict[str, float]:
 
 
 def pack_process_start_usage() -> dict[str, float]:
-    """What one pack process spends before its first row: one forked, up and ended alone, as the run forks each (a
-    replacement, started as a program, imports torch: not counted, a phase has none). Subtracted from the pack
-    processes' CPU so that their ``per_row`` is what a row costs them: when each imported torch, four starts were
-    61-78 % of it over the wide model's phases of 6-9 s on one H100's host (issue 37)."""
+    """What one pack process spends before its first row: one started as a program (it imports torch) and the fork
+    that stands in for it meanwhile, up and ended alone, as the run starts each. Subtracted from the pack processes'
+    CPU so that their ``per_row`` is what a row costs them: four starts were 61-78 % of it over the wide model's phases
+    of 6-9 s on one H100's host (issue 37)."""
     global _START_USAGE
     if _START_USAGE is None:
         before = ended_children_usage()
