@@ -33,8 +33,8 @@ def test_cpu_smoke_runs_the_pack_pairs_in_alternating_order(tmp_path: Path) -> N
     # the pack processes' CPU (they end with the run) is a side beside the run's own process: it was left out
     tmpfs_phase = phases["c_e2e_tmpfs"]
     assert tmpfs_phase["per_row"]["extractor"]["user_ms"] > 0
-    # a pack process's start (a fork now; its imports before) is measured and taken out, and its rows are the ones it
-    # packed: over a short phase the imports were most of that CPU, counted before as a cost of every row
+    # a pack process's start (its imports, and its stand-in's fork) is measured and taken out, and its rows are the
+    # ones it packed: over a short phase the imports were most of that CPU, counted before as a cost of every row
     assert tmpfs_phase["pack_process_start_cpu_s"] >= 0
     assert "tokens_per_s_once_processes_up" in tmpfs_phase and "pack_processes_up_after_s" in tmpfs_phase
     if tmpfs_phase["packed_in_process"] == 0:  # 24 toy rows can be done before the process is up

@@ -20,7 +20,7 @@ from hsextract.output.formats import DEFAULT_FORMAT, FORMAT_NAMES
 from hsextract.output.sample_file import OutputIO
 
 #: pack processes (``pack_processes`` unset) only for runs with this many rows to do: the row threads keep up with a
-#: shorter run, and one started in place of a process that died takes a second or more (it imports torch)
+#: shorter run, and each process started takes a second or more (it imports torch; a fork stands in meanwhile)
 PACK_PROCESSES_FROM_ROWS = 512
 #: rows_per_request's default (bench/results-row-cost.json, "rows_per_request")
 ROWS_PER_REQUEST = 16
@@ -101,8 +101,9 @@ class ExtractConfig(StrictConfig):
         ge=0,
         le=64,
         description="processes that read, check and write the dumps beside the request threads, each with its own "
-        "interpreter lock, forked from the run's process (hsextract-pack in ps and top) (0: on the request threads; "
-        f"default: a quarter of the CPUs, 1 to 8, for runs of {PACK_PROCESSES_FROM_ROWS} rows or more, else 0)",
+        "interpreter lock; while each starts, a fork of the run's process (hsextract-pack in ps and top) stands in "
+        f"(0: on the request threads; default: a quarter of the CPUs, 1 to 8, for runs of {PACK_PROCESSES_FROM_ROWS} "
+        "rows or more, else 0)",
     )
     output_io: OutputIO = Field(
         "buffered",
@@ -112,7 +113,10 @@ class ExtractConfig(StrictConfig):
         "by default: faster end to end on a GPU host's disk (bench/results-gpu-e2e-pages-io.json)",
     )
     sort_window: int = Field(
-        2048, gt=0, description="rows read ahead and sent shortest first, so batches carry little padding (1: dataset order)"
+        2048,
+        gt=0,
+        description="rows read ahead and sent shortest first, so batches carry little padding (1: dataset order); the "
+        "first blocks are smaller (32, 64, ...), so the first request leaves at once",
     )
     metrics_port: int | None = Field(None, ge=0, le=65535, description="serve Prometheus metrics on this port (0 or unset: off)")
     metrics_host: str = Field(
