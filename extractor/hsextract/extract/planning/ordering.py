@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -71,7 +71,7 @@ class _Failed:
 _END = object()
 
 
-def read_ahead(items: Iterator[T], name: str) -> Iterator[T]:
+def read_ahead(items: Iterator[T], name: str) -> Generator[T, None, None]:
     """``items`` in order, each next one made on a thread of its own (``name``) while the caller works on this one.
     The thread makes one item ahead and waits until it is taken: the caller's item and the next are all it holds.
     An error making an item is raised here, at that item; the thread ends once the caller stops iterating."""
