@@ -10,7 +10,7 @@ more than one block. Output files are named by row, so the order changes nothing
 The blocks start small and double up to ``window`` (:data:`FIRST_BLOCK`), and the next block is read on a
 thread of its own while this one's rows leave (:func:`read_ahead`). A whole window read before the first
 request, and again before the first of each later block, left the server without work: on one H100 the first
-request of a 3000-row run left 1.7-2.0 s in, and each block's reading made the GPU wait again
+row of a 3000-row run was written 1.6-2.1 s in, and each block's reading made the GPU wait again
 (bench/results-gpu-e2e-h100-speculators.json, ``session28``).
 """
 
@@ -25,7 +25,7 @@ T = TypeVar("T")
 
 #: the first block's rows: the first request leaves once these are read; each later block is twice the last
 FIRST_BLOCK = 32
-#: how often a reader thread whose block waits looks whether its reader left
+#: how often the read-ahead thread, its next item not yet taken, looks whether its caller stopped
 _POLL_S = 0.1
 
 
