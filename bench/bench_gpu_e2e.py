@@ -499,16 +499,15 @@ def phase_timeline(
 TIMELINE_BIN_S = 0.5
 
 
-def server_progress(url: str) -> tuple[float, float, float]:
-    """(now, the server's tokens forwarded, its dumps written), from its /metrics: two lines of the text, no parser,
-    so that sampling it every quarter second costs the extractor's process next to nothing."""
+def server_progress(url: str) -> tuple[float, float]:
+    """(now, the server's tokens forwarded), from its /metrics: one line of the text, no parser, so that sampling it
+    every quarter second costs the extractor's process next to nothing."""
     text = httpx.get(f"{url}/metrics", timeout=5).text
-    values = dict.fromkeys(("hsextract_server_tokens_total", "hsextract_server_dumps_total"), 0.0)
     for line in text.splitlines():
         name, _, value = line.partition(" ")
-        if name in values:
-            values[name] = float(value)
-    return time.perf_counter(), values["hsextract_server_tokens_total"], values["hsextract_server_dumps_total"]
+        if name == "hsextract_server_tokens_total":
+            return time.perf_counter(), float(value)
+    return time.perf_counter(), 0.0
 
 
 def binned(samples: list[tuple[float, float]], started: float, ended: float, *, rate: bool) -> list[float]:
@@ -531,7 +530,7 @@ def binned(samples: list[tuple[float, float]], started: float, ended: float, *, 
 
 def phase_progress(
     util: list[tuple[float, float]],
-    server: list[tuple[float, float, float]],
+    server: list[tuple[float, float]],
     written: list[tuple[float, float, float]],
     started: float,
     ended: float,
@@ -540,11 +539,10 @@ def phase_progress(
     """Where a phase's seconds went, bin by bin: the GPU's use, the tokens the server forwarded and the tokens the
     extractor wrote (k/s); when the server forwarded its first and last token (``forwarded_before``: its count at the
     phase's start), and when the first row was written."""
-    base = forwarded_before
-    forwarded = [(started, base), *((at, tokens) for at, tokens, _ in server)]
-    first_forward = next((at for at, tokens in forwarded if tokens > base), None)
-    total = forwarded[-1][1] if forwarded else base
-    last_forward = next((at for at, tokens in forwarded if tokens >= total), None) if total > base else None
+    forwarded = [(started, forwarded_before), *server]
+    first_forward = next((at for at, tokens in forwarded if tokens > forwarded_before), None)
+    total = forwarded[-1][1]
+    last_forward = next((at for at, tokens in forwarded if tokens >= total), None) if total > forwarded_before else None
     first_row = next((at for at, tokens, _ in written if tokens > 0), None)
     return {
         "first_forward_after_s": None if first_forward is None else first_forward - started,
@@ -603,7 +601,7 @@ def extract(
         usage_before = {side: process_usage(pid) for side, pid in PROFILER.pids.items()}
         usage_before["pack_processes"] = ended_children_usage()
         watched: list[tuple[float, float, float]] = []
-        served: list[tuple[float, float, float]] = []
+        served: list[tuple[float, float]] = []
         with (
             sampled_every(0.05, functools.partial(pack_processes_sample, metrics), watched),
             sampled_every(0.25, functools.partial(server_progress, url), served),

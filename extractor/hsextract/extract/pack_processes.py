@@ -88,7 +88,6 @@ class _Process:
     """One pack process (forked, or ``python -m hsextract.extract.pack_worker``) and the socket to it."""
 
     def __init__(self, fmt: OutputFormat, output: Path, forked: bool = False) -> None:
-        self.stand_in = forked  # a fork packs only until a process started as a program is up (PackProcesses says why)
         here, there = socket.socketpair()
         self.process: subprocess.Popen[bytes] | _Forked
         if forked:
@@ -105,6 +104,11 @@ class _Process:
         there.close()
         self.conn = Connection(here.detach())
         self.conn.send((fmt, output))
+
+    @property
+    def stand_in(self) -> bool:
+        """A fork: it packs only until a process started as a program is up (PackProcesses says why)."""
+        return isinstance(self.process, _Forked)
 
     def wait_ready(self) -> None:
         """Until it has imported what it needs (EOFError: it died first)."""
@@ -240,8 +244,10 @@ class PackProcesses:
 
     def _retired(self, process: _Process) -> bool:
         """Whether ``process`` was a stand-in due to stop, now stopped (a fork exits at once)."""
+        if not process.stand_in:
+            return False
         with self._lock:
-            if not (process.stand_in and self._to_retire):
+            if not self._to_retire:
                 return False
             self._to_retire -= 1
             self._live -= 1
@@ -257,17 +263,22 @@ class PackProcesses:
     def _replace(self) -> bool:
         """A new process in place of one that died, started on the calling thread; if it cannot start, one fewer
         (False)."""
-        process = _Process(self._fmt, self._output)
+        ended = self._bring_up(_Process(self._fmt, self._output))
+        if ended is not None:
+            log.error("%s before it was ready: packing goes on with one process fewer", ended)
+            with self._lock:
+                self._live -= 1
+        return ended is None
+
+    def _bring_up(self, process: _Process) -> str | None:
+        """``process`` lent out once it is ready; how it ended (:meth:`_Process.ended`) if it died first."""
         try:
             process.wait_ready()
         except (EOFError, OSError):
-            log.error("%s before it was ready: packing goes on with one process fewer", process.ended())
-            with self._lock:
-                self._live -= 1
-            return False
+            return process.ended()
         self._count_up(1)
         self._idle.put(process)
-        return True
+        return None
 
     def _fork_all(self) -> list[_Process]:
         forked: list[_Process] = []
@@ -281,24 +292,13 @@ class PackProcesses:
     def _start_all(self, forked: list[_Process]) -> None:
         started = [_Process(self._fmt, self._output) for _ in range(self._count)]  # importing at once
         for stand_in in forked:
-            try:
-                stand_in.wait_ready()
-            except (EOFError, OSError):
-                log.warning("%s before it was ready", stand_in.ended())
+            if (ended := self._bring_up(stand_in)) is not None:
+                log.warning("%s before it was ready", ended)
                 with self._lock:
                     self._live -= 1
-            else:
-                self._count_up(1)
-                self._idle.put(stand_in)
         for process in started:
-            try:
-                process.wait_ready()
-            except (EOFError, OSError):
-                log.warning("%s before it was ready; starting another", process.ended())
-                up = self._replace()
-            else:
-                self._count_up(1)
-                self._idle.put(process)
-                up = True
-            if up:
-                self._retire_a_stand_in()
+            if (ended := self._bring_up(process)) is not None:
+                log.warning("%s before it was ready; starting another", ended)
+                if not self._replace():
+                    continue
+            self._retire_a_stand_in()
