@@ -93,9 +93,14 @@ def _write_all(fd: int, view: memoryview) -> None:
 class SampleFile:
     """Open ``path`` (created or truncated) for one sample; :meth:`write` takes what the format writes (an object
     with ``write``, as ``torch.save`` wants), :meth:`finish` returns its size and checksum and closes it. Used as a
-    context manager, a file not finished is closed (its caller removes the temp file)."""
+    context manager, a file not finished is closed (its caller removes the temp file).
 
-    def __init__(self, path: Path, direct: bool) -> None:
+    ``size``, when the format knows it: a buffered file is sized before its first write. On a tmpfs mounted
+    ``huge=within_size`` only what lies within a file's size gets huge pages, and kernels that look at the size alone
+    give a file that grows write by write small ones (``contract/files/dump_pages.py``): an output on tmpfs then
+    faults in and clears every 4 KiB of a 28 MB sample on its own."""
+
+    def __init__(self, path: Path, direct: bool, size: int | None = None) -> None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
         self._direct = direct
         if direct:
@@ -108,6 +113,13 @@ class SampleFile:
                 _tell_refused(path)
         if not self._direct:
             self._fd = os.open(path, flags, 0o644)
+            if size:
+                try:
+                    os.ftruncate(self._fd, size)
+                except BaseException:
+                    os.close(self._fd)
+                    raise
+        self._sized_to = size if size and not self._direct else None
         self._path = path
         self._hash = xxhash.xxh3_128()
         self._bytes = 0
@@ -194,6 +206,8 @@ class SampleFile:
                 self._write_staged(padded)
                 if padded != staged:
                     os.ftruncate(self._fd, self._bytes)
+            elif self._sized_to is not None and self._sized_to != self._bytes:  # sized for other than was written
+                os.ftruncate(self._fd, self._bytes)
         finally:
             self.close()
         return WrittenFile(self._bytes, f"{ALGORITHM}:{self._hash.hexdigest()}")

@@ -47,3 +47,19 @@ def all_finite(tensor: torch.Tensor) -> bool:
         if int(signed[start : start + step].max()) >= mask or int(unsigned[start : start + step].max()) >= negative_limit:
             return False
     return True
+
+
+def finite_bytes(data: memoryview, dtype: torch.dtype) -> bool:
+    """Whether the contiguous values of ``dtype`` in ``data`` (a tensor's bytes, as a file holds them) are all finite:
+    a writer checks each piece it writes while the piece is still in the core's cache, not the whole tensor before."""
+    spec = _EXPONENT_BITS.get(dtype)
+    if spec is None:
+        if not dtype.is_floating_point:
+            return True
+        return all_finite(torch.frombuffer(data, dtype=dtype)) if data.nbytes else True
+    signed_dtype, unsigned_dtype, mask = spec
+    signed = np.frombuffer(data, dtype=signed_dtype)
+    if not signed.size:
+        return True
+    negative_limit = mask | (1 << (8 * signed.itemsize - 1))
+    return int(signed.max()) < mask and int(signed.view(unsigned_dtype).max()) < negative_limit

@@ -20,6 +20,8 @@ from typing import TypeVar
 
 import torch
 
+from hsextract.contract.files.finite import finite_bytes
+
 _DTYPES = {
     torch.bool: "BOOL",
     torch.uint8: "U8",
@@ -113,6 +115,11 @@ def safetensors_header(tensors: Mapping[str, torch.Tensor | Stacked], metadata: 
 _LIBRARY_ORDER = ("I64", "F64", "F32", "I32", "BF16", "F16", "I16", "F8_E4M3", "I8", "U8", "BOOL")
 
 
+def safetensors_size(tensors: Mapping[str, torch.Tensor | Stacked], metadata: Mapping[str, str] | None = None) -> int:
+    """The bytes of the file :func:`safetensors_stream` writes."""
+    return len(safetensors_header(tensors, metadata)) + sum(_nbytes(tensor) for tensor in tensors.values())
+
+
 def in_library_order(tensors: Mapping[str, AnyTensor]) -> dict[str, AnyTensor]:
     """``tensors`` in the order ``safetensors.torch.save_file`` lays them out (by dtype, then by name), so a file
     written from them holds its bytes exactly."""
@@ -125,18 +132,44 @@ def safetensors_pieces(tensors: Mapping[str, torch.Tensor], metadata: Mapping[st
 
 
 def safetensors_stream(
-    tensors: Mapping[str, torch.Tensor | Stacked], metadata: Mapping[str, str] | None = None
+    tensors: Mapping[str, torch.Tensor | Stacked], metadata: Mapping[str, str] | None = None, *, finite: bool = False
 ) -> Iterator[memoryview]:
     """The file's bytes in order, one piece at a time: the length prefix and header, then each tensor's memory, where a
-    :class:`Stacked` tensor's pieces come from one reused buffer: write each before asking for the next."""
+    :class:`Stacked` tensor's pieces come from one reused buffer: write each before asking for the next.
+
+    ``finite``: every floating-point piece is checked for NaN and infinity before it is given (:class:`NonFinite` names
+    the tensor), and a plain tensor comes in pieces of about :data:`STACKED_PIECE_BYTES` too, so that the check, the
+    caller's checksum and its write each find the piece in the core's cache: one pass over the row's memory where a
+    check of the whole tensor first was a second (issue 37)."""
     yield memoryview(safetensors_header(tensors, metadata))
-    for tensor in tensors.values():
+    for name, tensor in tensors.items():
         if isinstance(tensor, Stacked):
-            yield from tensor.pieces()
+            pieces: Iterator[memoryview] = tensor.pieces()
         else:
             view = _bytes_of(tensor)
-            if view.nbytes:
-                yield view
+            if not view.nbytes:
+                continue
+            pieces = _pieces_of(view) if finite else iter((view,))
+        if not (finite and tensor.dtype.is_floating_point):
+            yield from pieces
+            continue
+        for piece in pieces:
+            if not finite_bytes(piece, tensor.dtype):
+                raise NonFinite(name)
+            yield piece
+
+
+class NonFinite(ValueError):
+    """A tensor being written holds NaN or infinite values (:func:`safetensors_stream` with ``finite``)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"{name} holds NaN or infinite values")
+        self.name = name
+
+
+def _pieces_of(view: memoryview) -> Iterator[memoryview]:
+    for start in range(0, view.nbytes, STACKED_PIECE_BYTES):
+        yield view[start : start + STACKED_PIECE_BYTES]
 
 
 def write_safetensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> int:

@@ -79,6 +79,9 @@ class OutputFormat(ABC):
     sample_glob: ClassVar[str]
     #: the dtype the states are stored in; None: as the server computed them
     stored_dtype: ClassVar[str | None] = None
+    #: whether :meth:`write_sample` checks every value it stores for NaN and infinity as it writes (DumpError
+    #: ``non_finite``, no file left), so that packing skips the dump checks' own pass over the states (issue 37)
+    checks_values_as_written: ClassVar[bool] = False
     #: ``--storage`` values besides "auto" the format writes (and its trainer reads)
     storages: ClassVar[tuple[str, ...]] = ()
     #: why the format refuses any other ``--storage``, and what to use instead

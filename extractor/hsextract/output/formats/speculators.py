@@ -31,7 +31,7 @@ from safetensors.torch import load_file
 
 from hsextract.contract.files import fp8
 from hsextract.contract.files.dumps import FINAL_SLOT_PRENORM, Dump
-from hsextract.contract.files.tensor_file import Stacked, in_library_order, safetensors_stream
+from hsextract.contract.files.tensor_file import NonFinite, Stacked, in_library_order, safetensors_size, safetensors_stream
 from hsextract.contract.states import ErrorReason
 from hsextract.durable.atomic import remove_quietly, temp_path
 from hsextract.durable.sync import sync_dir, sync_tree
@@ -95,6 +95,7 @@ class SpeculatorsFormat(OutputFormat):
     trainer_default_length = SPECULATORS_DEFAULT_TOTAL_SEQ_LEN
     trainer_length_setting = "--total-seq-len"
     storages = (fp8.FP8_STORAGE,)
+    checks_values_as_written = True
     #: the trainer flag that reads FP8 files (hs-connectors' FP8Transfer dequantizes them)
     FP8_BACKEND_FLAGS = {"--hidden-states-backend": "fp8"}
 
@@ -180,13 +181,17 @@ class SpeculatorsFormat(OutputFormat):
         path = self.sample_path(sample.row)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = temp_path(path)
+        ordered = in_library_order(tensors)
         try:
-            # the bytes safetensors' save_file writes, from the tensors' memory, checksummed as they go
-            with SampleFile(tmp, self.direct_io) as out:
-                for piece in safetensors_stream(in_library_order(tensors)):
+            # the bytes safetensors' save_file writes, from the tensors' memory, checked and checksummed as they go
+            with SampleFile(tmp, self.direct_io, size=safetensors_size(ordered)) as out:
+                for piece in safetensors_stream(ordered, finite=True):
                     out.write(piece)
                 written = out.finish()
             os.replace(tmp, path)  # synced by the row worker once the dump is freed, before the row is recorded
+        except NonFinite as exc:
+            remove_quietly(tmp)
+            raise DumpError(ErrorReason.NON_FINITE, f"dump {dump.rid} holds NaN or infinite values ({exc})") from None
         except BaseException:
             remove_quietly(tmp)
             raise
