@@ -78,7 +78,8 @@ class ExtractMetrics:
             "wait_dump (after the answer, until its dump was complete; 0 when the dump came first), turn (a row's "
             "wait for its turn to be packed), read (the dump), "
             "verify (check it), spot_check (ask the engine for its own states of the row and compare them; checked rows "
-            "only), pack (write the output file), sync (wait for the file to reach the disk before its record is kept)",
+            "only), pack (write the output file; the speculators format checks the values for NaN and infinity as it "
+            "writes them, not in verify), sync (wait for the file to reach the disk before its record is kept)",
             ["stage"],
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
             registry=r,
