@@ -84,12 +84,18 @@ def test_the_pre_norm_state_is_dumped_only_for_requests_that_ask(model_dir, star
     assert generate(server.url, plain, list(range(10))).status_code == 200
     assert generate(server.url, asked, list(range(10)), hsextract_final_prenorm=True).status_code == 200
     assert generate(server.url, chunked, list(range(40)), hsextract_final_prenorm=True).status_code == 200
-    assert read_dump(server.dump_dir / plain).final_prenorm_hidden_state is None
+    plain_dump = read_dump(server.dump_dir / plain)
+    assert plain_dump.final_prenorm_hidden_state is None and not plain_dump.is_stacked
+    # asked: stacked [aux..., pre-norm final] as speculators' sample holds it, without the post-norm state
     with_prenorm = read_dump(server.dump_dir / asked)
+    assert with_prenorm.is_stacked and with_prenorm.meta.final_slot == "prenorm" and with_prenorm.final_hidden_state is None
+    assert with_prenorm.hidden_states is not None and tuple(with_prenorm.hidden_states.shape) == (10, 4, 64)
     assert with_prenorm.final_prenorm_hidden_state is not None and with_prenorm.final_prenorm_hidden_state.shape == (10, 64)
-    assert not torch.equal(with_prenorm.final_prenorm_hidden_state, with_prenorm.plain_states("this test")[1])
+    assert torch.equal(with_prenorm.aux_hidden_states, plain_dump.aux_hidden_states)  # type: ignore[arg-type]
+    assert not torch.equal(with_prenorm.final_prenorm_hidden_state, plain_dump.plain_states("this test")[1])
     chunked_dump = read_dump(server.dump_dir / chunked)
     assert chunked_dump.meta.extend_passes == 2 and chunked_dump.final_prenorm_hidden_state is not None
+    assert chunked_dump.is_stacked
     bad = generate(server.url, make_rid(4, 3), [1, 2, 3], hsextract_final_prenorm="yes")
     assert bad.status_code == 400 and "hsextract_final_prenorm" in bad.json()["error"]["message"]
 

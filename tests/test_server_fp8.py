@@ -17,15 +17,17 @@ from .test_server import generate
 H, K = 64, 3
 
 
-def reference_states(dump: Dump, prenorm: bool) -> torch.Tensor:
-    """``[T, K+1, H]`` of a model-dtype dump: aux, then the final state the FP8 dump's last slot holds."""
-    aux, final = dump.plain_states("this test")
-    last = dump.final_prenorm_hidden_state if prenorm else final
-    assert last is not None
-    return torch.cat([aux, last.unsqueeze(1)], dim=1)
+def reference_states(plain: Dump, stacked: Dump, prenorm: bool) -> torch.Tensor:
+    """``[T, K+1, H]`` of the model-dtype dumps of the same prompt: aux, then the final state the FP8 dump's last slot
+    holds (a dump stacked with the pre-norm state has no post-norm one, the plain dump no pre-norm one)."""
+    aux, final = plain.plain_states("this test")
+    if not prenorm:
+        return torch.cat([aux, final.unsqueeze(1)], dim=1)
+    assert stacked.is_stacked and stacked.hidden_states is not None
+    return stacked.hidden_states
 
 
-def assert_fp8_matches(fp8: Dump, plain: Dump, prenorm: bool) -> None:
+def assert_fp8_matches(fp8: Dump, plain: Dump, stacked: Dump, prenorm: bool) -> None:
     assert fp8.is_fp8 and fp8.storage_dtype == FP8_STORAGE
     assert fp8.meta.storage_dtype == FP8_STORAGE and fp8.meta.final_slot == ("prenorm" if prenorm else "postnorm")
     assert fp8.meta.dtype == "bfloat16" and fp8.meta.num_aux_layers == K and fp8.meta.hidden_size == H
@@ -35,7 +37,7 @@ def assert_fp8_matches(fp8: Dump, plain: Dump, prenorm: bool) -> None:
     assert fp8.hidden_states_scales.dtype == torch.float32 and fp8.hidden_states_scales.shape == (tokens, 1, 1)
     assert torch.equal(fp8.input_ids, plain.input_ids)
     assert fp8.aux_hidden_states is None and fp8.final_hidden_state is None
-    reference = reference_states(plain, prenorm)
+    reference = reference_states(plain, stacked, prenorm)
     restored = dequantize(fp8.hidden_states, fp8.hidden_states_scales, torch.float32)
     assert relative_frobenius_error(restored, reference).max < 0.07
     assert max_error_over_amax(restored, reference).max <= 2**-4 + 0.02  # bf16 noise of a different batch shape
@@ -46,17 +48,14 @@ def test_fp8_dumps_whole_and_chunked_match_the_bf16_dumps(model_dir, start_serve
     assert httpx.get(server.url + "/server_info").json()["fp8_per_request"] is True
     prompts = {"short": list(range(5, 25)), "long": [(7 * i) % 1000 for i in range(75)]}  # 75: three chunks of 32
     for row, (name, ids) in enumerate(prompts.items()):
-        plain, fp8, fp8_post = (
-            make_rid(10 * row + 1, len(ids)),
-            make_rid(10 * row + 2, len(ids)),
-            make_rid(10 * row + 3, len(ids)),
-        )
-        assert generate(server.url, plain, ids, hsextract_final_prenorm=True).status_code == 200
+        plain, stacked, fp8, fp8_post = (make_rid(10 * row + i, len(ids)) for i in (1, 4, 2, 3))
+        assert generate(server.url, plain, ids).status_code == 200
+        assert generate(server.url, stacked, ids, hsextract_final_prenorm=True).status_code == 200
         assert generate(server.url, fp8, ids, hsextract_final_prenorm=True, **{STORAGE_KEY: FP8_STORAGE}).status_code == 200
         assert generate(server.url, fp8_post, ids, **{STORAGE_KEY: FP8_STORAGE}).status_code == 200
-        reference = read_dump(server.dump_dir / plain)
-        assert_fp8_matches(read_dump(server.dump_dir / fp8), reference, prenorm=True)
-        assert_fp8_matches(read_dump(server.dump_dir / fp8_post), reference, prenorm=False)
+        references = read_dump(server.dump_dir / plain), read_dump(server.dump_dir / stacked)
+        assert_fp8_matches(read_dump(server.dump_dir / fp8), *references, prenorm=True)
+        assert_fp8_matches(read_dump(server.dump_dir / fp8_post), *references, prenorm=False)
         if name == "long":
             assert read_dump(server.dump_dir / fp8).meta.extend_passes == 3
     bad = generate(server.url, make_rid(99, 3), [1, 2, 3], **{STORAGE_KEY: "float8_e5m2"})
@@ -74,16 +73,17 @@ def test_one_forward_mixing_fp8_and_bf16_requests(model_dir, start_server) -> No
     engine._forward_batch(mixed)
     for request in mixed:
         request.future.result(timeout=60)
-    references = [engine.submit(make_rid(r + 11, n), ids[r], final_prenorm=True) for r, n in enumerate(lengths)]
-    for future in references:
+    # alone, each prompt without and with the pre-norm state: the plain and the stacked references
+    futures = [
+        engine.submit(make_rid(r + base, n), ids[r], final_prenorm=base == 21) for base in (11, 21) for r, n in enumerate(lengths)
+    ]
+    for future in futures:
         future.result(timeout=60)
     for r, n in enumerate(lengths):
         got = read_dump(server.dump_dir / make_rid(r + 1, n))
-        reference = read_dump(server.dump_dir / make_rid(r + 11, n))
-        if storages[r] is None:
-            aux, final = got.plain_states("this test")
-            want_aux, want_final = reference.plain_states("this test")
-            assert not got.is_fp8 and got.final_prenorm_hidden_state is not None
-            assert relative_frobenius_error(aux, want_aux).max < 0.02 and relative_frobenius_error(final, want_final).max < 0.02
+        plain, stacked = (read_dump(server.dump_dir / make_rid(r + base, n)) for base in (11, 21))
+        if storages[r] is None:  # asked for the pre-norm state: stacked
+            assert got.is_stacked and got.hidden_states is not None and stacked.hidden_states is not None
+            assert relative_frobenius_error(got.hidden_states, stacked.hidden_states).max < 0.02
         else:
-            assert_fp8_matches(got, reference, prenorm=r != 2)
+            assert_fp8_matches(got, plain, stacked, prenorm=r != 2)

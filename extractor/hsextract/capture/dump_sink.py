@@ -3,7 +3,9 @@
 The one code path between a forward pass and the dump contract, shared by the SGLang hook and
 the embedded server. A forward hands over one extend batch at a time (rows of several requests,
 each request's rows starting at its prefix length); the sink keys rows by (rid, position), and
-when every position of a rid's expected length is present it writes the dump. Rows of a request
+when every position of a rid's expected length is present it writes the dump: stacked ``[aux..., pre-norm
+final]`` for a segment that asks for it (speculators' sample layout, written token by token from the
+batch's rows), else aux and the final states apart. Rows of a request
 dumped as FP8 (``contract.fp8``, quantized on the device before the copy) travel in the batch's
 :class:`Fp8Rows` and assemble the same way: the scale is per token, so chunks are independent; one
 batch can carry both kinds of rows, for different requests. An assembler thread
@@ -36,6 +38,7 @@ from hsextract.contract.files.dumps import (
     write_dump,
     write_error_marker,
     write_fp8_dump,
+    write_stacked_dump,
 )
 from hsextract.contract.rids import DEFAULT_PREFIX, parse_rid
 
@@ -54,6 +57,11 @@ class Segment:
     # "float8_e4m3fn": the rows are in the batch's Fp8Rows (start_row counts there), and final_prenorm
     # says which final state their last slot holds; None: the model-dtype rows
     storage: str | None = None
+    # model-dtype rows with the pre-norm state: dumped stacked [aux..., pre-norm final] without the post-norm state
+    # (dumps.write_stacked_dump), for a request that asked for the pre-norm state alone (the embedded server's
+    # hsextract_final_prenorm); False: aux, the post-norm final and the pre-norm one apart (the SGLang hook's
+    # final_prenorm is the server's, for every request, and such a server may serve both formats)
+    stacked: bool = False
 
 
 @dataclass(frozen=True)
@@ -264,7 +272,9 @@ class DumpSink:
             }
         else:
             fp8 = None
-            parts = {"input_ids": batch.input_ids[rows], "aux": batch.aux[rows], "final": batch.final[rows]}
+            parts = {"input_ids": batch.input_ids[rows], "aux": batch.aux[rows]}
+            if not (seg.stacked and seg.final_prenorm and batch.final_prenorm is not None):
+                parts["final"] = batch.final[rows]  # stacked: left out, the request did not ask for it
             if seg.final_prenorm and batch.final_prenorm is not None:
                 parts["final_prenorm"] = batch.final_prenorm[rows]
         if seg.prefix_len == 0 and seg.num_rows == rid.num_tokens:
@@ -275,8 +285,8 @@ class DumpSink:
             tensors = {key: torch.empty((rid.num_tokens, *t.shape[1:]), dtype=t.dtype) for key, t in parts.items()}
             pending = _Pending(tensors, filled=torch.zeros(rid.num_tokens, dtype=torch.bool), fp8=fp8)
             self._pending[name] = pending
-        if (pending.fp8 is None) != (fp8 is None):
-            self._fail(name, "request arrived in chunks of both FP8 and model-dtype storage; send it with one storage")
+        if (pending.fp8 is None) != (fp8 is None) or pending.tensors.keys() != parts.keys():
+            self._fail(name, "request arrived in chunks of different storages or final states; send it with one of each")
             return None
         positions = slice(seg.prefix_len, end)
         # Same (rid, position) written twice (a retracted request prefilled again) overwrites
@@ -307,6 +317,17 @@ class DumpSink:
                     self.source,
                     model_dtype=write.fp8.model_dtype,
                     final_slot=write.fp8.final_slot,
+                    extend_passes=write.chunks,
+                )
+            elif "final" not in t:
+                write_stacked_dump(
+                    self.root,
+                    write.rid,
+                    t["input_ids"],
+                    t["aux"],
+                    t["final_prenorm"],
+                    self.source,
+                    final_slot=FINAL_SLOT_PRENORM,
                     extend_passes=write.chunks,
                 )
             else:

@@ -77,6 +77,7 @@ class ErrorReason(_StrEnum):
     TOKEN_MISMATCH = "token_mismatch"
     SHAPE_MISMATCH = "shape_mismatch"
     MISSING_FINAL_PRENORM = "missing_final_prenorm"
+    MISSING_FINAL_POSTNORM = "missing_final_postnorm"
     DTYPE_MISMATCH = "dtype_mismatch"
     NON_FINITE = "non_finite"
     PACK_PROCESS_ENDED = "pack_process_ended"  # the process packing the row died (killed, out of memory)

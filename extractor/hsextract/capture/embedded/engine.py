@@ -355,7 +355,7 @@ class Engine:
             row = 0
             for i in members:
                 request = requests[i]
-                segments.append(Segment(request.rid, 0, row, lengths[i], request.final_prenorm, request.storage))
+                segments.append(Segment(request.rid, 0, row, lengths[i], request.final_prenorm, request.storage, stacked=True))
                 row += lengths[i]
         own = replayed is None  # a graph's outputs are overwritten by its next replay: rows are copied out of them
         if plain:
@@ -395,7 +395,7 @@ class Engine:
             **{self._cache_kwarg: request.cache},
         )
         states, prenorm = out.hidden_states, self._take_prenorm()
-        segment = Segment(request.rid, start, 0, n, request.final_prenorm, request.storage)
+        segment = Segment(request.rid, start, 0, n, request.final_prenorm, request.storage, stacked=True)
         fp8_rows = None
         if request.storage is None:
             gathered = self._gather(lambda t: t.reshape(n, -1), states, prenorm, request.final_prenorm)

@@ -5,6 +5,12 @@ One directory per request under the dump root, named by its rid::
     <root>/<rid>/hidden.safetensors   input_ids [T] int64, aux_hidden_states [T,K,H], final_hidden_state [T,H]
                                       (post-norm), optionally final_prenorm_hidden_state [T,H] (the last
                                       layer's output before the final norm, for trainers that want it)
+    or, stacked in the model's dtype (the embedded server's, for a request that asks for the pre-norm final
+    state; meta ``final_slot`` set, no ``storage_dtype``):
+    <root>/<rid>/hidden.safetensors   input_ids [T] int64, hidden_states [T,K+1,H] (the K aux states in layer
+                                      order, then the final state ``final_slot`` names): speculators' sample
+                                      layout, written and read without a copy to stack it, and without the
+                                      final state the request did not ask for (issue 37)
     or, for a request dumped as FP8 (``contract.fp8``, speculators' own layout; meta ``storage_dtype``
     ``"float8_e4m3fn"``):
     <root>/<rid>/hidden.safetensors   input_ids [T] int64, hidden_states [T,K+1,H] float8_e4m3fn (the K aux
@@ -29,7 +35,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +56,7 @@ from hsextract.contract.files.dump_dir import (
     request_dir_exists,
 )
 from hsextract.contract.files.fp8 import FP8_DTYPE, FP8_STORAGE
-from hsextract.contract.files.tensor_file import write_safetensors_to
+from hsextract.contract.files.tensor_file import Stacked, write_safetensors_to
 from hsextract.contract.rids import parse_rid
 from hsextract.contract.states import DumpState, ErrorReason
 from hsextract.durable.atomic import temp_name
@@ -67,6 +73,7 @@ DUMP_FORMAT_VERSION = 1
 FINAL_SLOT_PRENORM = "prenorm"
 FINAL_SLOT_POSTNORM = "postnorm"
 PLAIN_TENSORS = ("input_ids", "aux_hidden_states", "final_hidden_state")
+STACKED_TENSORS = ("input_ids", "hidden_states")
 FP8_TENSORS = ("input_ids", "hidden_states", "hidden_states_scales")
 
 
@@ -103,9 +110,10 @@ class DumpMeta:
     written_at: float
     source: DumpSource
     dump_format_version: int = DUMP_FORMAT_VERSION
-    # FP8 dumps only (absent from meta.json otherwise): "float8_e4m3fn", and which final state the
-    # last slot of hidden_states holds, FINAL_SLOT_PRENORM or FINAL_SLOT_POSTNORM.
+    # FP8 dumps only (absent from meta.json otherwise): "float8_e4m3fn"
     storage_dtype: str | None = None
+    # stacked dumps only (FP8, or stacked in the model's dtype): which final state the last slot of hidden_states
+    # holds, FINAL_SLOT_PRENORM or FINAL_SLOT_POSTNORM
     final_slot: str | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -141,10 +149,13 @@ def _copied(value: Any) -> Any:
 
 @dataclass
 class Dump:
-    """A complete dump read back from disk, in one of two layouts (meta ``storage_dtype``):
+    """A complete dump read back from disk, in one of three layouts (meta ``storage_dtype`` and ``final_slot``):
 
-    * the model's dtype (``storage_dtype`` None): ``aux_hidden_states``, ``final_hidden_state`` and,
-      when asked for, ``final_prenorm_hidden_state``; the FP8 fields are None;
+    * the model's dtype (neither): ``aux_hidden_states``, ``final_hidden_state`` and, when asked for,
+      ``final_prenorm_hidden_state``; the stacked fields are None;
+    * stacked in the model's dtype (``final_slot`` alone): ``hidden_states [T, K+1, H]``, with
+      ``aux_hidden_states`` and the final state its slot names (``final_prenorm_hidden_state`` or
+      ``final_hidden_state``) set as views of it, the other final None;
     * FP8 (``storage_dtype == "float8_e4m3fn"``): ``hidden_states`` and ``hidden_states_scales``; the
       three model-dtype fields are None (:meth:`plain_states` says so with a DumpError).
     """
@@ -155,24 +166,48 @@ class Dump:
     aux_hidden_states: torch.Tensor | None = None  # [T, K, H]
     final_hidden_state: torch.Tensor | None = None  # [T, H], post-norm
     final_prenorm_hidden_state: torch.Tensor | None = None  # [T, H], before the final norm
-    hidden_states: torch.Tensor | None = None  # [T, K+1, H] float8_e4m3fn
+    hidden_states: torch.Tensor | None = None  # [T, K+1, H]: float8_e4m3fn, or the model's dtype when stacked
     hidden_states_scales: torch.Tensor | None = None  # [T, 1, 1] float32
     storage_dtype: str | None = None  # FP8_STORAGE for an FP8 dump
     completed_at: float | None = None  # when its ``done`` marker was written (time.time() scale), as read
 
+    @classmethod
+    def stacked(
+        cls, rid: str, input_ids: torch.Tensor, meta: DumpMeta, hidden_states: torch.Tensor, completed_at: float | None = None
+    ) -> Dump:
+        """A dump stacked in the model's dtype, its aux and final fields views of ``hidden_states``."""
+        last = hidden_states[:, -1]
+        prenorm = meta.final_slot == FINAL_SLOT_PRENORM
+        return cls(
+            rid=rid,
+            input_ids=input_ids,
+            meta=meta,
+            aux_hidden_states=hidden_states[:, :-1],
+            final_hidden_state=None if prenorm else last,
+            final_prenorm_hidden_state=last if prenorm else None,
+            hidden_states=hidden_states,
+            completed_at=completed_at,
+        )
+
     def __post_init__(self) -> None:
         fp8 = (self.hidden_states, self.hidden_states_scales)
         plain = (self.aux_hidden_states, self.final_hidden_state)
-        if self.storage_dtype is None:
-            ok = all(t is not None for t in plain) and all(t is None for t in fp8)
-        else:
+        if self.storage_dtype is not None:
             ok = self.storage_dtype == FP8_STORAGE and all(t is not None for t in fp8)
             ok = ok and all(t is None for t in (*plain, self.final_prenorm_hidden_state))
+        elif self.hidden_states is not None:  # stacked: the aux and the one final state are its views
+            finals = (self.final_hidden_state, self.final_prenorm_hidden_state)
+            ok = self.hidden_states_scales is None and self.aux_hidden_states is not None
+            ok = ok and self.meta.final_slot in (FINAL_SLOT_PRENORM, FINAL_SLOT_POSTNORM)
+            ok = ok and sum(t is not None for t in finals) == 1
+        else:
+            ok = all(t is not None for t in plain) and self.hidden_states_scales is None
         if not ok:
             raise DumpError(
                 ErrorReason.DUMP_MALFORMED,
-                f"dump {self.rid} mixes or lacks layouts (storage_dtype {self.storage_dtype!r}): a model-dtype dump holds "
-                f"{list(PLAIN_TENSORS)}, an FP8 dump {list(FP8_TENSORS)}",
+                f"dump {self.rid} mixes or lacks layouts (storage_dtype {self.storage_dtype!r}, final_slot "
+                f"{self.meta.final_slot!r}): a model-dtype dump holds {list(PLAIN_TENSORS)}, a stacked one "
+                f"{list(STACKED_TENSORS)} and meta final_slot, an FP8 dump {list(FP8_TENSORS)}",
             )
 
     @property
@@ -180,22 +215,39 @@ class Dump:
         return self.storage_dtype is not None
 
     @property
+    def is_stacked(self) -> bool:
+        """Stacked in the model's dtype: ``hidden_states [T, K+1, H]`` as speculators' sample holds it."""
+        return self.storage_dtype is None and self.hidden_states is not None
+
+    @property
     def model_dtype(self) -> str:
         """The dtype the model computed in ("bfloat16", ...), whatever the storage."""
-        if self.final_hidden_state is not None:
-            return str(self.final_hidden_state.dtype).removeprefix("torch.")
+        if self.storage_dtype is None and self.aux_hidden_states is not None:
+            return str(self.aux_hidden_states.dtype).removeprefix("torch.")
         return self.meta.dtype
 
     def plain_states(self, reader: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(aux [T, K, H], final [T, H])`` of a model-dtype dump; DumpError ``dtype_mismatch`` naming
-        ``reader`` (the step that cannot read FP8 yet) for an FP8 dump."""
-        if self.aux_hidden_states is None or self.final_hidden_state is None:
+        """``(aux [T, K, H], final [T, H])`` of a model-dtype dump, the final state post-norm; DumpError naming
+        ``reader`` (the step that cannot read it) for an FP8 dump (``dtype_mismatch``) or one stacked with the
+        pre-norm final state alone (``missing_final_postnorm``)."""
+        if self.aux_hidden_states is None:
             raise DumpError(
                 ErrorReason.DTYPE_MISMATCH,
                 f"dump {self.rid} is stored as {self.storage_dtype} (hidden_states + hidden_states_scales), which "
                 f"{reader} does not read; restart the server without FP8 storage, or use a step that reads FP8 dumps",
             )
+        if self.final_hidden_state is None:
+            raise DumpError(ErrorReason.MISSING_FINAL_POSTNORM, postnorm_missing(self.rid, reader))
         return self.aux_hidden_states, self.final_hidden_state
+
+
+def postnorm_missing(rid: str, reader: str) -> str:
+    """Why a dump stacked with the pre-norm final state cannot serve ``reader``, and the fix."""
+    return (
+        f"dump {rid} holds the pre-norm final state alone (its request asked for it: speculators' layout), and {reader} "
+        "needs the post-norm one; another client shares this server's requests, or send them without "
+        "hsextract_final_prenorm"
+    )
 
 
 def dump_path(root: Path, rid: str) -> Path:
@@ -281,6 +333,44 @@ def write_dump(
     return _write_complete(root, rid, tensors, meta)
 
 
+def write_stacked_dump(
+    root: Path,
+    rid: str,
+    input_ids: torch.Tensor,
+    aux_hidden_states: torch.Tensor,
+    final_state: torch.Tensor,
+    source: DumpSource,
+    *,
+    final_slot: str,
+    extend_passes: int = 1,
+) -> Path:
+    """Write one complete dump stacked in the model's dtype: ``hidden_states [T, K+1, H]``, the aux states ``[T, K, H]``
+    then ``final_state [T, H]``, which ``final_slot`` names. Stacked as it is written, a few tokens at a time in one
+    buffer (``tensor_file.Stacked``): the rows stay where the copy from the device put them. Idempotent."""
+    if final_slot not in (FINAL_SLOT_PRENORM, FINAL_SLOT_POSTNORM):
+        raise ValueError(f"final_slot {final_slot!r} must be {FINAL_SLOT_PRENORM!r} or {FINAL_SLOT_POSTNORM!r}")
+    tensors: dict[str, torch.Tensor | Stacked] = {
+        "input_ids": input_ids.to(torch.int64),
+        "hidden_states": Stacked((aux_hidden_states, final_state.unsqueeze(1))),
+    }
+
+    def meta() -> DumpMeta:
+        return DumpMeta(
+            rid=rid,
+            num_tokens=int(input_ids.shape[0]),
+            num_aux_layers=int(aux_hidden_states.shape[1]),
+            hidden_size=int(final_state.shape[-1]),
+            dtype=str(final_state.dtype).removeprefix("torch."),
+            has_final_prenorm=final_slot == FINAL_SLOT_PRENORM,
+            extend_passes=extend_passes,
+            written_at=time.time(),
+            source=source,
+            final_slot=final_slot,
+        )
+
+    return _write_complete(root, rid, tensors, meta)
+
+
 def write_fp8_dump(
     root: Path,
     rid: str,
@@ -331,7 +421,7 @@ def write_fp8_dump(
     return _write_complete(root, rid, tensors, meta)
 
 
-def _write_complete(root: Path, rid: str, tensors: dict[str, torch.Tensor], meta: Callable[[], DumpMeta]) -> Path:
+def _write_complete(root: Path, rid: str, tensors: Mapping[str, torch.Tensor | Stacked], meta: Callable[[], DumpMeta]) -> Path:
     directory, dir_fd = _open_for_writing(root, rid)
     try:
         if is_regular_file(dir_fd, DONE_FILE):
@@ -414,7 +504,7 @@ def read_dump(directory: Path) -> Dump:
                 meta = DumpMeta.from_json(json.loads(read_whole(meta_fd)), directory / META_FILE)
                 with safe_open(fd_path(hidden_fd), framework="pt") as tensors_file:
                     names = set(tensors_file.keys())
-                    missing = set(PLAIN_TENSORS if meta.storage_dtype is None else FP8_TENSORS) - names
+                    missing = set(_layout_tensors(meta)) - names
                     if meta.storage_dtype not in (None, FP8_STORAGE):
                         raise DumpError(
                             ErrorReason.DUMP_MALFORMED,
@@ -433,6 +523,8 @@ def read_dump(directory: Path) -> Dump:
         os.close(dir_fd)
     if meta.rid != directory.name:
         raise DumpError(ErrorReason.DUMP_MALFORMED, f"dump {directory} holds the metadata of {meta.rid!r}")
+    if meta.storage_dtype is None and meta.final_slot is not None:
+        return Dump.stacked(directory.name, tensors["input_ids"], meta, tensors["hidden_states"], completed)
     if meta.storage_dtype is not None:
         return Dump(
             rid=directory.name,
@@ -452,6 +544,13 @@ def read_dump(directory: Path) -> Dump:
         final_prenorm_hidden_state=tensors.get("final_prenorm_hidden_state"),
         completed_at=completed,
     )
+
+
+def _layout_tensors(meta: DumpMeta) -> tuple[str, ...]:
+    """The tensors a dump of this metadata holds."""
+    if meta.storage_dtype is not None:
+        return FP8_TENSORS
+    return PLAIN_TENSORS if meta.final_slot is None else STACKED_TENSORS
 
 
 def remove_dump(directory: Path) -> None:

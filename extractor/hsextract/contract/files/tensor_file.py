@@ -13,6 +13,7 @@ import json
 import math
 import os
 import struct
+from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ _DTYPES = {
     torch.float8_e4m3fn: "F8_E4M3",
 }
 _MAX_WRITE = 1 << 30  # bytes per writev call; Linux caps one call at about 2 GiB anyway
+_MAX_BUFFERS = min(1024, os.sysconf("SC_IOV_MAX"))  # buffers per writev call (IOV_MAX: more is EINVAL)
 #: bytes of a :class:`Stacked` tensor built at a time: small enough to stay in the core's cache
 STACKED_PIECE_BYTES = 1 << 20
 
@@ -60,6 +62,14 @@ class Stacked:
 
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.parts[0].element_size()
+
+    def token_views(self) -> list[memoryview] | None:
+        """Its bytes in order as one view per part per token, without a copy (a file writer's ``writev``); None when a
+        part is not contiguous."""
+        if not all(part.is_contiguous() for part in self.parts):
+            return None
+        parts = [(_bytes_of(part), part[0].numel() * part.element_size() if part.shape[0] else 0) for part in self.parts]
+        return [view[t * size : (t + 1) * size] for t in range(self.shape[0]) for view, size in parts]
 
     def pieces(self) -> Iterator[memoryview]:
         """Its bytes in order, about :data:`STACKED_PIECE_BYTES` at a time (whole tokens, one at least); each piece
@@ -181,17 +191,40 @@ def write_safetensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata:
         os.close(fd)
 
 
-def write_safetensors_to(fd: int, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> int:
-    """:func:`write_safetensors` to a file open for writing (at its offset, left open); returns the bytes written."""
-    pending = safetensors_pieces(tensors, metadata)
-    total = sum(v.nbytes for v in pending)
+def write_safetensors_to(
+    fd: int, tensors: Mapping[str, torch.Tensor | Stacked], metadata: Mapping[str, str] | None = None
+) -> int:
+    """:func:`write_safetensors` to a file open for writing (at its offset, left open); returns the bytes written.
+    Everything goes with ``os.writev`` from the tensors' own memory, a :class:`Stacked` tensor as one buffer per part
+    per token (:meth:`Stacked.token_views`), so that it is never built; one whose parts are not contiguous is built
+    and written a piece at a time."""
+    total = safetensors_size(tensors, metadata)
     # Sized first: a tmpfs mounted huge=within_size backs with huge pages only what lies within a file's size, and a
     # file that grows write by write gets small ones on kernels that look at the size alone (dump_pages.py)
     os.ftruncate(fd, os.lseek(fd, 0, os.SEEK_CUR) + total)
+    views: list[memoryview] = [memoryview(safetensors_header(tensors, metadata))]
+    for tensor in tensors.values():
+        scattered = tensor.token_views() if isinstance(tensor, Stacked) else None
+        if scattered is not None:
+            views += scattered
+        elif isinstance(tensor, Stacked):
+            _write_all_views(fd, deque(views))
+            views = []
+            for piece in tensor.pieces():  # each piece written before the next is built in the same buffer
+                _write_all_views(fd, deque((piece,)))
+        elif (view := _bytes_of(tensor)).nbytes:
+            views.append(view)
+    _write_all_views(fd, deque(views))
+    return total
+
+
+def _write_all_views(fd: int, pending: deque[memoryview]) -> None:
+    """Every byte of ``pending`` in order, with as few ``os.writev`` calls as its limits allow."""
     while pending:
-        batch, room = [], _MAX_WRITE
+        batch: list[memoryview] = []
+        room = _MAX_WRITE
         for view in pending:
-            if room <= 0:
+            if room <= 0 or len(batch) == _MAX_BUFFERS:
                 break
             batch.append(view[:room])
             room -= min(room, view.nbytes)
@@ -200,8 +233,7 @@ def write_safetensors_to(fd: int, tensors: Mapping[str, torch.Tensor], metadata:
             head = pending[0]
             if written >= head.nbytes:
                 written -= head.nbytes
-                pending.pop(0)
+                pending.popleft()
             else:
                 pending[0] = head[written:]
                 written = 0
-    return total

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from hsextract.contract.files import fp8
-from hsextract.contract.files.dumps import FINAL_SLOT_PRENORM, Dump
+from hsextract.contract.files.dumps import FINAL_SLOT_PRENORM, Dump, postnorm_missing
 from hsextract.contract.files.finite import all_finite
 from hsextract.contract.layers import CAPTURE_NUMBERING, LAYER_IDS_NUMBERING
 from hsextract.contract.states import ErrorReason
@@ -99,6 +99,9 @@ def check_dump(dump: Dump, sent_ids: list[int], expect: DumpExpectation, *, valu
     if dump.is_fp8:
         _check_fp8(dump, tokens, expect, values)
         return
+    if dump.is_stacked:
+        _check_stacked(dump, tokens, expect, values)
+        return
     aux, final = dump.plain_states("the dump checks")
     num_aux = len(expect.aux_layer_ids)
     want_aux = (tokens, num_aux, expect.hidden_size)
@@ -128,6 +131,35 @@ def check_dump(dump: Dump, sent_ids: list[int], expect: DumpExpectation, *, valu
             raise DumpError(ErrorReason.NON_FINITE, f"dump {dump.rid} holds NaN or infinite values")
 
 
+def _check_stacked(dump: Dump, tokens: int, expect: DumpExpectation, values: bool) -> None:
+    """A dump stacked in the model's dtype: [T, K+1, H] of the output's dtype, its last slot the final state the
+    format needs."""
+    states = dump.hidden_states
+    assert states is not None  # is_stacked
+    want = (tokens, len(expect.aux_layer_ids) + 1, expect.hidden_size)
+    if tuple(states.shape) != want:
+        raise DumpError(ErrorReason.SHAPE_MISMATCH, f"dump {dump.rid} hidden_states is {tuple(states.shape)}, expected {want}")
+    dtype = str(states.dtype).removeprefix("torch.")
+    if expect.dtype is not None and dtype != expect.dtype:
+        raise DumpError(ErrorReason.DTYPE_MISMATCH, f"dump {dump.rid} holds {dtype} tensors, expected {expect.dtype}")
+    _check_final_slot(dump, expect)
+    if values and not all_finite(states):
+        raise DumpError(ErrorReason.NON_FINITE, f"dump {dump.rid} holds NaN or infinite values")
+
+
+def _check_final_slot(dump: Dump, expect: DumpExpectation) -> None:
+    """The last slot of a stacked dump holds the final state the output format needs."""
+    if expect.need_final_prenorm and dump.meta.final_slot != FINAL_SLOT_PRENORM:
+        raise DumpError(
+            ErrorReason.MISSING_FINAL_PRENORM,
+            f"dump {dump.rid} holds the {dump.meta.final_slot} final state in its last slot; the output format needs "
+            "the pre-norm one",
+        )
+    if not expect.need_final_prenorm and dump.meta.final_slot == FINAL_SLOT_PRENORM and not dump.is_fp8:
+        # the server is configured so (the SGLang hook's final_prenorm): every further dump would be too
+        raise StorageMismatchError(ErrorReason.MISSING_FINAL_POSTNORM, postnorm_missing(dump.rid, "this output format"))
+
+
 def _check_fp8(dump: Dump, tokens: int, expect: DumpExpectation, values: bool) -> None:
     """An FP8 dump: [T, K+1, H] float8_e4m3fn, [T, 1, 1] float32 scales finite and positive, the computed
     dtype the output's, the pre-norm final state in the last slot when the format needs it."""
@@ -148,12 +180,7 @@ def _check_fp8(dump: Dump, tokens: int, expect: DumpExpectation, values: bool) -
         raise DumpError(
             ErrorReason.DTYPE_MISMATCH, f"dump {dump.rid} was computed in {dump.meta.dtype}, expected {expect.dtype}"
         )
-    if expect.need_final_prenorm and dump.meta.final_slot != FINAL_SLOT_PRENORM:
-        raise DumpError(
-            ErrorReason.MISSING_FINAL_PRENORM,
-            f"FP8 dump {dump.rid} holds the {dump.meta.final_slot} final state in its last slot; the output format needs "
-            "the pre-norm one",
-        )
+    _check_final_slot(dump, expect)
     if not all_finite(scales) or not bool((scales > 0).all()):
         raise DumpError(ErrorReason.NON_FINITE, f"dump {dump.rid} holds scales that are not finite and positive")
     if values and not all_finite(states):

@@ -120,15 +120,21 @@ class Comparison:
         return f"{where}: " + "; ".join(bad)
 
 
-def dump_states(dump: Dump) -> tuple[torch.Tensor, torch.Tensor | None, str]:
-    """``(aux [T, K, H], final post-norm [T, H] or None, storage dtype)`` in float32, FP8 dequantized."""
+def dump_states(dump: Dump) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, str]:
+    """``(aux [T, K, H], final post-norm [T, H] or None, final pre-norm [T, H] or None, storage dtype)`` in float32, FP8
+    dequantized: a stacked dump (FP8, or the model's dtype) holds the one final state its last slot names."""
     if dump.is_fp8:
         assert dump.hidden_states is not None and dump.hidden_states_scales is not None
         states = dump.hidden_states.float() * dump.hidden_states_scales.float()
-        final = states[:, -1] if dump.meta.final_slot == "postnorm" else None
-        return states[:, :-1], final, "float8_e4m3fn"
-    aux, final = dump.plain_states("the spot check")
-    return aux.float(), final.float(), str(aux.dtype).removeprefix("torch.")
+        prenorm = dump.meta.final_slot == "prenorm"
+        return states[:, :-1], None if prenorm else states[:, -1], states[:, -1] if prenorm else None, "float8_e4m3fn"
+    aux, final, before = dump.aux_hidden_states, dump.final_hidden_state, dump.final_prenorm_hidden_state
+    assert aux is not None  # a model-dtype dump, plain or stacked
+
+    def as_float(state: torch.Tensor | None) -> torch.Tensor | None:
+        return None if state is None else state.float()
+
+    return aux.float(), as_float(final), as_float(before), str(aux.dtype).removeprefix("torch.")
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
@@ -186,7 +192,7 @@ def compare(
     dump: Dump, answer: SpotCheckAnswer, prompt_tokens: int, layer_ids: list[int], margin: float = DEFAULT_MARGIN
 ) -> Comparison:
     """The dump against the engine's answer for a prompt of the dump's first ``prompt_tokens`` tokens."""
-    aux, final, storage = dump_states(dump)
+    aux, final, prenorm, storage = dump_states(dump)
     num_aux, hidden = int(aux.shape[1]), int(aux.shape[2])
     rows = answer.rows
     first = prompt_tokens - rows
@@ -210,17 +216,20 @@ def compare(
             f"the engine returned states {width} wide; the dump holds {num_aux} aux layers of {hidden} "
             f"(expected {num_aux * hidden}, or {hidden} for the final state)"
         )
-    if engine_final is not None and final is not None:
+    if engine_final is not None:
         engine["final"] = engine_final
+    if engine_final is not None and final is not None:
         dumped["final"] = final[first:prompt_tokens]
-    else:
-        why = "an FP8 dump whose final slot is pre-norm" if final is None else "the engine does not return it"
+    elif final is not None or prenorm is None or answer.prenorm is None:  # else the pre-norm state is checked below
+        why = "a dump stacked with the pre-norm final state" if final is None else "the engine does not return it"
         unchecked.append(f"final state ({why})")
     scales = None
     if dump.hidden_states_scales is not None:  # FP8: one scale per token
         scales = dump.hidden_states_scales.float().reshape(-1)[first:prompt_tokens]
-    if "final" in engine and answer.prenorm is not None:  # the embedded server's: the final state before the norm
+    if answer.prenorm is not None and ("final" in engine or prenorm is not None):  # the embedded server's answer
         engine["final before the norm"] = answer.prenorm[-rows:]
+        if prenorm is not None and final is None:  # the dump's own final state: checked (else an alternative only)
+            dumped["final before the norm"] = prenorm[first:prompt_tokens]
     neighbours: dict[str, torch.Tensor] = {}  # the embedded server's: the layers either side of the first aux layer
     if answer.neighbours is not None and width == num_aux * hidden and answer.neighbours.shape[1] == 2 * hidden:
         first_layer = layer_ids[0]

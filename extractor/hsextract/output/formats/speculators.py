@@ -153,19 +153,17 @@ class SpeculatorsFormat(OutputFormat):
 
     def write_sample(self, sample: Sample, dump: Dump) -> WrittenFile:
         token_ids = dump.input_ids.to(torch.int64)
-        if dump.hidden_states is not None and dump.hidden_states_scales is not None:
+        if dump.hidden_states is not None:  # stacked by the server (FP8, or the model's dtype) as this file holds it
             if dump.meta.final_slot != FINAL_SLOT_PRENORM:
                 raise DumpError(
                     ErrorReason.MISSING_FINAL_PRENORM,
-                    f"FP8 dump {dump.rid} holds the {dump.meta.final_slot} final state in its last slot; speculators needs "
+                    f"dump {dump.rid} holds the {dump.meta.final_slot} final state in its last slot; speculators needs "
                     "the pre-norm one (the request asks for it: the server must honour hsextract_final_prenorm)",
                 )
-            # the server's FP8 bytes and scales as they are: no dequantize, no requantize
-            tensors: dict[str, torch.Tensor | Stacked] = {
-                "token_ids": token_ids,
-                "hidden_states": dump.hidden_states,
-                "hidden_states_scales": dump.hidden_states_scales,
-            }
+            # the server's bytes (and FP8 scales) as they are: no copy to stack them, no dequantize, no requantize
+            tensors: dict[str, torch.Tensor | Stacked] = {"token_ids": token_ids, "hidden_states": dump.hidden_states}
+            if dump.hidden_states_scales is not None:
+                tensors["hidden_states_scales"] = dump.hidden_states_scales
         else:
             aux, _ = dump.plain_states("the speculators writer")
             if dump.final_prenorm_hidden_state is None:

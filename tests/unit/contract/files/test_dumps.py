@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from hsextract.contract.files.dumps import (
     DONE_FILE,
@@ -23,6 +24,7 @@ from hsextract.contract.files.dumps import (
     write_dump,
     write_error_marker,
     write_fp8_dump,
+    write_stacked_dump,
 )
 from hsextract.contract.files.fp8 import FP8_DTYPE, bytes_per_token, dequantize, quantize_per_token
 from hsextract.contract.rids import make_rid
@@ -82,6 +84,38 @@ def test_fp8_round_trip(tmp_path: Path) -> None:
     assert payload_bytes(plain / HIDDEN_FILE) == 6 * 8 + 6 * 4 * 8 * 2
 
 
+@pytest.mark.parametrize(("tokens", "contiguous"), [(5, True), (1500, True), (7, False)])
+def test_stacked_round_trip_without_the_state_not_asked_for(tmp_path: Path, tokens: int, contiguous: bool) -> None:
+    """Stacked [aux..., pre-norm final] in the model's dtype: the file holds exactly what safetensors' save_file writes
+    for the stacked tensor (1500 tokens: more buffers than one writev takes; parts not contiguous: built piece by
+    piece), the post-norm state is absent, and a step that needs it is told why and what to change."""
+    aux = torch.randn(tokens, 3, 8).to(torch.bfloat16)
+    prenorm = torch.randn(tokens, 8).to(torch.bfloat16)
+    if not contiguous:
+        aux = torch.randn(3, tokens, 8).to(torch.bfloat16).transpose(0, 1)
+    rid = make_rid(6, tokens)
+    ids = torch.arange(tokens)
+    directory = write_stacked_dump(tmp_path, rid, ids, aux, prenorm, SOURCE, final_slot="prenorm", extend_passes=2)
+    dump = read_dump(directory)
+    stacked = torch.cat([aux, prenorm.unsqueeze(1)], dim=1)
+    assert dump.is_stacked and not dump.is_fp8 and dump.hidden_states is not None and torch.equal(dump.hidden_states, stacked)
+    assert dump.meta.final_slot == "prenorm" and dump.meta.has_final_prenorm and dump.meta.storage_dtype is None
+    assert (dump.meta.num_tokens, dump.meta.num_aux_layers, dump.meta.hidden_size, dump.meta.dtype) == (tokens, 3, 8, "bfloat16")
+    assert dump.aux_hidden_states is not None and torch.equal(dump.aux_hidden_states, aux)
+    assert dump.final_prenorm_hidden_state is not None and torch.equal(dump.final_prenorm_hidden_state, prenorm)
+    assert dump.final_hidden_state is None and dump.hidden_states_scales is None and dump.model_dtype == "bfloat16"
+    assert payload_bytes(directory / HIDDEN_FILE) == tokens * 8 + stacked.numel() * 2  # no post-norm state
+    save_file({"input_ids": torch.arange(tokens), "hidden_states": stacked}, str(tmp_path / "library.safetensors"))
+    assert (directory / HIDDEN_FILE).read_bytes()[-stacked.numel() * 2 :] == (tmp_path / "library.safetensors").read_bytes()[
+        -stacked.numel() * 2 :
+    ]
+    with pytest.raises(DumpError, match=r"pre-norm final state alone.*the specforge writer needs the post-norm") as caught:
+        dump.plain_states("the specforge writer")
+    assert caught.value.reason == "missing_final_postnorm"
+    with pytest.raises(ValueError, match="final_slot"):
+        write_stacked_dump(tmp_path, make_rid(7, tokens), torch.arange(tokens), aux, prenorm, SOURCE, final_slot="norm")
+
+
 def payload_bytes(path: Path) -> int:
     data = path.read_bytes()
     return len(data) - 8 - int.from_bytes(data[:8], "little")
@@ -110,6 +144,12 @@ def test_a_dump_holds_exactly_one_layout() -> None:
         Dump("r", ids, meta, hidden_states=q, hidden_states_scales=scales, storage_dtype="float8_e5m2")
     with pytest.raises(DumpError, match="mixes or lacks layouts"):
         Dump("r", ids, meta)
+    stacked_meta = DumpMeta("r", 1, 1, 4, "float32", True, 1, 0.0, SOURCE, final_slot="prenorm")
+    both = torch.zeros(1, 2, 4)
+    with pytest.raises(DumpError, match="mixes or lacks layouts"):  # stacked, yet claiming both final states
+        Dump("r", ids, stacked_meta, aux_hidden_states=both[:, :1], final_hidden_state=both[:, 1],
+             final_prenorm_hidden_state=both[:, 1], hidden_states=both)  # fmt: skip
+    assert Dump.stacked("r", ids, stacked_meta, both).is_stacked
 
 
 def test_states(tmp_path: Path) -> None:
