@@ -10,6 +10,9 @@ the final pre-norm one, each ``hidden_size`` elements of the model's dtype. So::
     bytes per token = (K + 1) x hidden_size + 4
     size (MiB)      = ceil(concurrency x max_seq_len x bytes per token x headroom / 2**20), at least min_mb
 
+That is the SGLang hook's dump. The embedded server stacks a speculators dump in the model's dtype without the
+post-norm state (K + 1 slots); the budget keeps the hook's larger figure for both runtimes.
+
 The headroom covers dumps complete but not yet taken up, the input ids (8 bytes per token) and meta.json,
 and NCCL's own segments. ``playbooks/vars/deploy.yml`` computes ``hsx_shm_size_mb_effective`` with it (ansible.cfg
 names this directory in ``filter_plugins``, so every play of the repository has it); role hsx_container_env checks
