@@ -201,7 +201,11 @@ MODELS = {  # the tiny ones of the suite, and a deeper, wider one
 
 
 @pytest.mark.parametrize("concurrency", [1, DEFAULT_CONCURRENCY], ids=["alone", "default"])
-@pytest.mark.parametrize(("fmt", "storage"), [("specforge", "auto"), ("speculators", "float8_e4m3fn")], ids=["plain", "fp8"])
+@pytest.mark.parametrize(
+    ("fmt", "storage"),
+    [("specforge", "auto"), ("speculators", "auto"), ("speculators", "float8_e4m3fn")],
+    ids=["plain", "stacked", "fp8"],
+)
 @pytest.mark.parametrize("model", list(MODELS))
 def test_every_row_checked_gives_no_false_alarm(  # type: ignore[no-untyped-def]
     model_dir, deep_model: Path, serve, tmp_path: Path, model: str, fmt: str, storage: str, concurrency: int
@@ -220,8 +224,9 @@ def test_every_row_checked_gives_no_false_alarm(  # type: ignore[no-untyped-def]
     recorded = json.loads((out / "data_config.json").read_text())["spot_checks"]
     assert recorded["checked_rows"] == recorded["matched_rows"] == len(lengths)
     assert recorded["mismatched_rows"] == recorded["failed_requests"] == 0
-    fp8_prenorm = storage == "float8_e4m3fn"  # speculators' FP8 final slot is pre-norm: the engine's final is post-norm
-    assert len(recorded["checked_tensors"]) == (3 if fp8_prenorm else 4)
+    # speculators' dumps (stacked, bf16 or FP8) hold the pre-norm final state: checked against the engine's pre-norm state
+    final = "final before the norm" if fmt == "speculators" else "final"
+    assert len(recorded["checked_tensors"]) == 4 and final in recorded["checked_tensors"], recorded["checked_tensors"]
     for name, tensor in recorded["tensors"].items():
         # every tensor judged on every row, and the noise far below the nearest alternative: the check is sure here
         assert tensor["rows"] == tensor["matched"] == len(lengths), (name, tensor)

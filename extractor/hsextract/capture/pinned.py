@@ -33,6 +33,7 @@ import torch
 from hsextract.capture.dump_sink import ExtendBatch, Fp8Rows, Segment
 from hsextract.capture.stages import StageClock
 from hsextract.contract.files.fp8 import FP8_DTYPE
+from hsextract.contract.files.tensor_file import tiled
 
 
 class PinnedBuffer:
@@ -176,15 +177,27 @@ class HostCopier:
             if tuple(fp8.hidden_states.shape[1:]) != (num_aux + 1, width) or fp8.hidden_states.dtype != FP8_DTYPE:
                 got = f"{fp8.hidden_states.dtype} {tuple(fp8.hidden_states.shape)}"
                 raise ValueError(f"fp8 hidden_states must be [m, {num_aux + 1}, {width}] {FP8_DTYPE}; got {got}")
-        buffer = self.pool.acquire(n, num_aux, width, final.dtype, prenorm=prenorm is not None, fp8_tokens=fp8_tokens)
+        # aux and the pre-norm state as the slot ranges of one [n, K+1, H] tensor (the engine's): one copy into one
+        # host tensor, and the host rows are views of it the same way (a stacked dump is written from it as it is)
+        stacked = None if prenorm is None else tiled((aux, prenorm.unsqueeze(1)))
+        slots = num_aux + (stacked is not None)
+        apart = prenorm is not None and stacked is None
+        buffer = self.pool.acquire(n, slots, width, final.dtype, prenorm=apart, fp8_tokens=fp8_tokens)
         states = n * width
         ids_host = buffer.ids[:n]
-        aux_host = buffer.aux[: states * num_aux].view(n, num_aux, width)
         final_host = buffer.final[:states].view(n, width)
-        prenorm_host = None if prenorm is None else buffer.prenorm[:states].view(n, width)
-        pairs = [(ids_host, input_ids), (aux_host, aux), (final_host, final)]
-        if prenorm is not None and prenorm_host is not None:
-            pairs.append((prenorm_host, prenorm))
+        pairs = [(ids_host, input_ids), (final_host, final)]
+        prenorm_host = None
+        if stacked is not None:
+            stacked_host = buffer.aux[: states * slots].view(n, slots, width)
+            aux_host, prenorm_host = stacked_host[:, :num_aux], stacked_host[:, num_aux]
+            pairs.append((stacked_host, stacked))
+        else:
+            aux_host = buffer.aux[: states * num_aux].view(n, num_aux, width)
+            pairs.append((aux_host, aux))
+            if prenorm is not None:
+                prenorm_host = buffer.prenorm[:states].view(n, width)
+                pairs.append((prenorm_host, prenorm))
         fp8_host: Fp8Rows | None = None
         if fp8 is not None:
             fp8_host = Fp8Rows(

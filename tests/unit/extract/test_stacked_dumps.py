@@ -12,7 +12,9 @@ import torch
 from safetensors.torch import save_file
 
 from hsextract.capture.dump_sink import DumpSink, ExtendBatch, Segment
+from hsextract.capture.pinned import HostCopier
 from hsextract.contract.files.dumps import DumpSource, read_dump, write_stacked_dump
+from hsextract.contract.files.tensor_file import tiled
 from hsextract.contract.rids import make_rid
 from hsextract.contract.spot_check import SpotCheckAnswer
 from hsextract.errors import DumpError, StorageMismatchError
@@ -109,3 +111,32 @@ def test_the_spot_check_compares_the_stacked_pre_norm_state_with_the_engines(tmp
     assert not swapped.ok
     without = compare(dump, SpotCheckAnswer("x", engine_aux), TOKENS, AUX)  # SGLang's answer: aux states alone
     assert without.ok and "final state (a dump stacked with the pre-norm final state)" in without.unchecked
+
+
+def test_tiled_finds_the_one_tensor_behind_its_slot_ranges_and_nothing_else() -> None:
+    base = torch.randn(TOKENS, len(AUX) + 1, HIDDEN)
+    whole = tiled((base[:, :-1], base[:, -1].unsqueeze(1)))
+    assert whole is not None and whole.data_ptr() == base.data_ptr() and torch.equal(whole, base)
+    assert tiled((base[:1, :-1], base[:1, -1:])) is not None  # one token: its stride says nothing
+    apart = (torch.randn(TOKENS, len(AUX), HIDDEN), torch.randn(TOKENS, 1, HIDDEN))
+    assert tiled(apart) is None
+    assert tiled((base[:, -1:], base[:, :-1])) is None  # out of order
+    assert tiled((base[:, :2], base[:, -1:])) is None  # a slot left out
+    assert tiled((base[::2, :-1], base[::2, -1:])) is None  # every other token
+    assert tiled((base[:, :-1], base[:, -1:].to(torch.bfloat16))) is None
+
+
+def test_the_copier_brings_aux_and_the_pre_norm_state_to_the_host_as_one_tensor() -> None:
+    """The engine stacks [aux..., pre-norm] on the device; the host rows are views of one tensor the same way, which the
+    sink writes as it is (a stacked dump without a copy to stack it)."""
+    base = torch.randn(TOKENS, len(AUX) + 1, HIDDEN)
+    ids, final = torch.arange(TOKENS), torch.randn(TOKENS, HIDDEN)
+    segments = [Segment(make_rid(1, TOKENS), 0, 0, TOKENS, stacked=True)]
+    batch = HostCopier(slots=1, pin=False).copy(segments, ids, final, base[:, :-1], base[:, -1])
+    assert batch.final_prenorm is not None
+    host = tiled((batch.aux, batch.final_prenorm.unsqueeze(1)))
+    assert host is not None and torch.equal(host, base) and host.data_ptr() != base.data_ptr()
+    assert torch.equal(batch.final, final)
+    apart = HostCopier(slots=1, pin=False).copy(segments, ids, final, base[:, :-1].contiguous(), base[:, -1].clone())
+    assert apart.final_prenorm is not None and tiled((apart.aux, apart.final_prenorm.unsqueeze(1))) is None
+    assert torch.equal(apart.aux, base[:, :-1]) and torch.equal(apart.final_prenorm, base[:, -1])

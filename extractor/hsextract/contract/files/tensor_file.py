@@ -14,7 +14,7 @@ import math
 import os
 import struct
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -63,13 +63,10 @@ class Stacked:
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.parts[0].element_size()
 
-    def token_views(self) -> list[memoryview] | None:
-        """Its bytes in order as one view per part per token, without a copy (a file writer's ``writev``); None when a
-        part is not contiguous."""
-        if not all(part.is_contiguous() for part in self.parts):
-            return None
-        parts = [(_bytes_of(part), part[0].numel() * part.element_size() if part.shape[0] else 0) for part in self.parts]
-        return [view[t * size : (t + 1) * size] for t in range(self.shape[0]) for view, size in parts]
+    def whole(self) -> torch.Tensor | None:
+        """The stacked tensor itself, without a copy, when its parts are views of one laid out that way (the embedded
+        server stacks the states on the device and copies them to the host in one piece: :func:`tiled`); else None."""
+        return tiled(self.parts)
 
     def pieces(self) -> Iterator[memoryview]:
         """Its bytes in order, about :data:`STACKED_PIECE_BYTES` at a time (whole tokens, one at least); each piece
@@ -83,6 +80,30 @@ class Stacked:
             piece = buffer[:count]
             torch.cat([part[start : start + count] for part in self.parts], dim=1, out=piece)
             yield _bytes_of(piece)
+
+
+def tiled(parts: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """``torch.cat(parts, dim=1)`` without a copy, when the parts (``[T, S_i, ...]`` in order) are the slot ranges of
+    one contiguous ``[T, sum S_i, ...]`` tensor (``base[:, :K]`` and ``base[:, K:]``); else None."""
+    first = parts[0]
+    tokens, rest = first.shape[0], tuple(first.shape[2:])
+    inner = math.prod(rest)
+    slots = sum(int(part.shape[1]) for part in parts)
+    rest_strides = tuple(math.prod(rest[i + 1 :]) for i in range(len(rest)))
+    storage, offset = first.untyped_storage().data_ptr(), first.storage_offset()
+    for part in parts:
+        same_kind = part.dtype == first.dtype and part.device == first.device and part.dim() == first.dim()
+        if not same_kind or part.untyped_storage().data_ptr() != storage or part.storage_offset() != offset:
+            return None
+        if int(part.shape[0]) != tokens or tuple(part.shape[2:]) != rest:
+            return None
+        stride = part.stride()
+        if (tokens > 1 and stride[0] != slots * inner) or (part.shape[1] > 1 and stride[1] != inner):
+            return None
+        if any(size > 1 and step != want for size, step, want in zip(rest, stride[2:], rest_strides, strict=True)):
+            return None
+        offset += int(part.shape[1]) * inner
+    return first.as_strided((tokens, slots, *rest), (slots * inner, inner, *rest_strides), first.storage_offset())
 
 
 def _bytes_of(tensor: torch.Tensor) -> memoryview:
@@ -195,24 +216,24 @@ def write_safetensors_to(
     fd: int, tensors: Mapping[str, torch.Tensor | Stacked], metadata: Mapping[str, str] | None = None
 ) -> int:
     """:func:`write_safetensors` to a file open for writing (at its offset, left open); returns the bytes written.
-    Everything goes with ``os.writev`` from the tensors' own memory, a :class:`Stacked` tensor as one buffer per part
-    per token (:meth:`Stacked.token_views`), so that it is never built; one whose parts are not contiguous is built
-    and written a piece at a time."""
+    Everything goes with ``os.writev`` from the tensors' own memory, a :class:`Stacked` tensor too when its parts are
+    views of one tensor (:meth:`Stacked.whole`); else it is built and written a piece at a time. (A ``writev`` of one
+    buffer per part per token instead held the server's interpreter lock for milliseconds a row: the wide bench model
+    forwarded at half its pace, issue 37.)"""
     total = safetensors_size(tensors, metadata)
     # Sized first: a tmpfs mounted huge=within_size backs with huge pages only what lies within a file's size, and a
     # file that grows write by write gets small ones on kernels that look at the size alone (dump_pages.py)
     os.ftruncate(fd, os.lseek(fd, 0, os.SEEK_CUR) + total)
     views: list[memoryview] = [memoryview(safetensors_header(tensors, metadata))]
     for tensor in tensors.values():
-        scattered = tensor.token_views() if isinstance(tensor, Stacked) else None
-        if scattered is not None:
-            views += scattered
-        elif isinstance(tensor, Stacked):
+        whole = tensor.whole() if isinstance(tensor, Stacked) else tensor
+        if whole is None:
+            assert isinstance(tensor, Stacked)
             _write_all_views(fd, deque(views))
             views = []
             for piece in tensor.pieces():  # each piece written before the next is built in the same buffer
                 _write_all_views(fd, deque((piece,)))
-        elif (view := _bytes_of(tensor)).nbytes:
+        elif (view := _bytes_of(whole)).nbytes:
             views.append(view)
     _write_all_views(fd, deque(views))
     return total
