@@ -4,8 +4,8 @@ The one code path between a forward pass and the dump contract, shared by the SG
 the embedded server. A forward hands over one extend batch at a time (rows of several requests,
 each request's rows starting at its prefix length); the sink keys rows by (rid, position), and
 when every position of a rid's expected length is present it writes the dump: stacked ``[aux..., pre-norm
-final]`` for a segment that asks for it (speculators' sample layout, written token by token from the
-batch's rows), else aux and the final states apart. Rows of a request
+final]`` for a segment that asks for it (speculators' sample layout: written as it is when the engine
+stacked the rows on the device, else a few tokens at a time), else aux and the final states apart. Rows of a request
 dumped as FP8 (``contract.fp8``, quantized on the device before the copy) travel in the batch's
 :class:`Fp8Rows` and assemble the same way: the scale is per token, so chunks are independent; one
 batch can carry both kinds of rows, for different requests. An assembler thread
