@@ -142,8 +142,7 @@ class Engine:
         self.copier = HostCopier(slots=max(2, config.dump_queue_size // 2), pin=self.cuda, clock=self.clock)
         if self.cuda and dump:
             largest = max(self.max_batch_tokens, self.chunk_size or 0)
-            # K + 1 aux slots: a batch with the pre-norm state copies it with the aux states in one piece (_gather)
-            self.copier.pool.reserve(largest, len(self.capture) + 1, self.hidden_size, self.dtype)
+            self.copier.pool.reserve(largest, len(self.capture) + 1, self.hidden_size, self.dtype)  # + pre-norm: _gather
         self._inbox: queue.Queue[EngineRequest | None] = queue.Queue()
         self._waiting: deque[EngineRequest] = deque()
         self._chunking: deque[EngineRequest] = deque()
@@ -423,16 +422,13 @@ class Engine:
     def _gather(
         self, rows: Callable[[torch.Tensor], torch.Tensor], states: Sequence[torch.Tensor], prenorm: Any, with_prenorm: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """aux ``[n, K, H]`` stacked on the device, final and pre-norm ``[n, H]``. With the pre-norm state, aux and it are
-        the two slot ranges of one ``[n, K+1, H]`` tensor: copied to the host in one piece, a stacked dump is written
-        from it as it is (``tensor_file.tiled``)."""
+        """aux ``[n, K, H]`` and final ``[n, H]``; with the pre-norm state, aux and it are the slot ranges of one ``[n, K+1,
+        H]`` tensor, copied to the host in one piece, from which a stacked dump is written as it is (``tiled``)."""
         final = rows(states[-1])
-        if not with_prenorm:
-            return torch.stack([rows(states[c]) for c in self.capture], dim=1), final, None
-        if prenorm is None:
+        if with_prenorm and prenorm is None:
             raise RuntimeError("the pre-norm hook on the model's final norm did not run")
-        stacked = torch.stack([*(rows(states[c]) for c in self.capture), rows(prenorm)], dim=1)
-        return stacked[:, :-1], final, stacked[:, -1]
+        stacked = torch.stack([*(rows(states[c]) for c in self.capture), *([rows(prenorm)] if with_prenorm else [])], dim=1)
+        return (stacked[:, :-1], final, stacked[:, -1]) if with_prenorm else (stacked, final, None)
 
     def _gather_fp8(
         self,
