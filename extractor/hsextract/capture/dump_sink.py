@@ -273,10 +273,11 @@ class DumpSink:
         else:
             fp8 = None
             parts = {"input_ids": batch.input_ids[rows], "aux": batch.aux[rows]}
-            if not (seg.stacked and seg.final_prenorm and batch.final_prenorm is not None):
+            prenorm = batch.final_prenorm if seg.final_prenorm else None
+            if not (seg.stacked and prenorm is not None):
                 parts["final"] = batch.final[rows]  # stacked: left out, the request did not ask for it
-            if seg.final_prenorm and batch.final_prenorm is not None:
-                parts["final_prenorm"] = batch.final_prenorm[rows]
+            if prenorm is not None:
+                parts["final_prenorm"] = prenorm[rows]
         if seg.prefix_len == 0 and seg.num_rows == rid.num_tokens:
             # Whole prompt in one pass (the common case): written from the batch's rows, no copy.
             return _Write(name, parts, fp8, chunks=1)

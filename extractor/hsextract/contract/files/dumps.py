@@ -195,7 +195,6 @@ def write_stacked_dump(
         "input_ids": input_ids.to(torch.int64),
         "hidden_states": Stacked((aux_hidden_states, final_state.unsqueeze(1))),
     }
-
     meta = _model_dtype_meta(rid, input_ids, aux_hidden_states, final_state, source, extend_passes, final_slot)
     return _write_complete(root, rid, tensors, meta)
 

@@ -157,11 +157,6 @@ def in_library_order(tensors: Mapping[str, AnyTensor]) -> dict[str, AnyTensor]:
     return dict(sorted(tensors.items(), key=lambda item: (_LIBRARY_ORDER.index(_DTYPES[item[1].dtype]), item[0])))
 
 
-def safetensors_pieces(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> list[memoryview]:
-    """The file's bytes in order, without a copy: the length prefix and header, then each tensor's memory."""
-    return list(safetensors_stream(tensors, metadata))  # plain tensors: every view stays valid
-
-
 def safetensors_stream(
     tensors: Mapping[str, torch.Tensor | Stacked], metadata: Mapping[str, str] | None = None, *, finite: bool = False
 ) -> Iterator[memoryview]:
@@ -220,11 +215,12 @@ def write_safetensors_to(
     views of one tensor (:meth:`Stacked.whole`); else it is built and written a piece at a time. (A ``writev`` of one
     buffer per part per token instead held the server's interpreter lock for milliseconds a row: the wide bench model
     forwarded at half its pace, issue 37.)"""
-    total = safetensors_size(tensors, metadata)
+    header = safetensors_header(tensors, metadata)
+    total = len(header) + sum(_nbytes(tensor) for tensor in tensors.values())
     # Sized first: a tmpfs mounted huge=within_size backs with huge pages only what lies within a file's size, and a
     # file that grows write by write gets small ones on kernels that look at the size alone (dump_pages.py)
     os.ftruncate(fd, os.lseek(fd, 0, os.SEEK_CUR) + total)
-    views: list[memoryview] = [memoryview(safetensors_header(tensors, metadata))]
+    views: list[memoryview] = [memoryview(header)]
     for tensor in tensors.values():
         whole = tensor.whole() if isinstance(tensor, Stacked) else tensor
         if whole is None:

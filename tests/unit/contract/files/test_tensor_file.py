@@ -84,7 +84,7 @@ def test_pieces_in_library_order_are_the_bytes_of_save_file(tmp_path: Path, tens
     from safetensors.torch import save_file
 
     save_file(tensors, str(tmp_path / "library.safetensors"))
-    ours = b"".join(bytes(piece) for piece in tensor_file.safetensors_pieces(tensor_file.in_library_order(tensors)))
+    ours = b"".join(bytes(piece) for piece in tensor_file.safetensors_stream(tensor_file.in_library_order(tensors)))
     assert ours == (tmp_path / "library.safetensors").read_bytes()
 
 
