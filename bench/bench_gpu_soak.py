@@ -3,7 +3,7 @@
 The 8B-shaped model and the dataset of ``bench_gpu_e2e.py`` (same flags), one ``hsextract serve
 --device cuda`` per ``--max-batch-tokens`` value (started under ``faulthandler``), then ``--runs``
 extractions of all rows each at ``--concurrency`` (default 256) into a fresh output on the local
-disk, back to back. Per run it records tokens/s, the longest time any row's complete dump waited
+disk, back to back, once per ``--formats`` entry. Per run it records tokens/s, the longest time any row's complete dump waited
 before the extractor took it up (``longest_dump_pickup_s``: from the dump's ``done`` marker),
 late answers (rows written before their HTTP answer came), watchdog resends, and whether the run
 stalled: no row settled for ``--stall-s`` seconds. A stalled run is stopped after every thread's
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import itertools
 import json
 import logging
 import shutil
@@ -129,12 +130,12 @@ def regenerate(url: str, work: Path, args: argparse.Namespace, budget: int, serv
 
 
 def one_run(
-    url: str, data: Path, output: Path, args: argparse.Namespace, tokens: int, stacks: Path, server: Any
+    url: str, data: Path, output: Path, args: argparse.Namespace, tokens: int, stacks: Path, server: Any, output_format: str
 ) -> dict[str, Any]:
     metrics = ExtractMetrics()
     config = ExtractConfig.model_validate(
         {"server": url, "dataset": data, "output": output, "max_seq_len": args.max_seq_len, "concurrency": args.concurrency,
-         "log_interval_s": 30.0}
+         "log_interval_s": 30.0, "format": output_format}
     )  # fmt: skip
     extraction = Extraction(config, metrics=metrics)
     stalled: list[float] = []
@@ -193,6 +194,8 @@ def parse_args() -> argparse.Namespace:
     add("--tmpfs-dir", type=Path, default=Path("/dev/shm"), help="model, data and dumps")
     add("--runs", type=int, default=5, help="back-to-back runs per budget")
     add("--budgets", default="8192,16384", help="comma-separated --max-batch-tokens values, one server each")
+    add("--formats", default="specforge", help="comma-separated extractor --format values: each run extracts once per "
+        "format, one after the other (speculators asks the embedded server for stacked dumps in the model's dtype)")
     add("--stall-s", type=float, default=60.0, help="no row settled this long: the run counts as stalled")
     add("--append", action="store_true", help="add to the runs already in --out")
     add("--regenerate-runs", type=int, default=2, help="hsextract regenerate runs per server, before its extractions (0: none)")
@@ -239,10 +242,11 @@ def main() -> int:
                 e2e.wait_healthy(url, server, server_log)
                 regenerations += regenerate(url, tmpfs, args, budget, server)
                 results.update(regenerations=regenerations, summary=summarize(runs, regenerations))
-                for run in range(1, args.runs + 1):
-                    stacks = args.out.with_name(f"{args.out.stem}-stacks-{budget}-{run}.txt")
-                    record = {"max_batch_tokens": budget, "run": run}
-                    record.update(one_run(url, data, disk / "out", args, tokens, stacks, server))  # the CLI's defaults
+                for run, output_format in itertools.product(range(1, args.runs + 1), args.formats.split(",")):
+                    stacks = args.out.with_name(f"{args.out.stem}-stacks-{budget}-{run}-{output_format}.txt")
+                    record = {"max_batch_tokens": budget, "run": run, "format": output_format}
+                    # the CLI's defaults
+                    record.update(one_run(url, data, disk / "out", args, tokens, stacks, server, output_format))
                     runs.append(record)
                     log.info("%s", record)
                     shutil.rmtree(disk / "out", ignore_errors=True)
@@ -275,6 +279,10 @@ def summarize(runs: list[dict[str, Any]], regenerations: list[dict[str, Any]]) -
             "tokens_per_s_max": max(rates),
             "run_to_run_spread": (max(rates) - min(rates)) / statistics.median(rates),
         }
+    by_format: dict[str, Any] = {}
+    for output_format in sorted({r.get("format", "specforge") for r in runs}):
+        rates = [r["tokens_per_s"] for r in runs if r.get("format", "specforge") == output_format]
+        by_format[output_format] = {"runs": len(rates), "tokens_per_s_median": statistics.median(rates)}
     return {
         "runs": len(runs),
         "stalls": sum(r["stalls"] for r in runs),
@@ -285,6 +293,7 @@ def summarize(runs: list[dict[str, Any]], regenerations: list[dict[str, Any]]) -
         "late_answers": sum(r["late_answers"] for r in runs),
         "watchdog_resends": sum(r["watchdog_resends"] for r in runs),
         "by_max_batch_tokens": by_budget,
+        "by_format": by_format,
         "regenerations": len(regenerations),
         "failed_regenerations": sum(r["failed"] for r in regenerations),
         "regeneration_generated_tokens_per_s": [r["generated_tokens_per_s"] for r in regenerations],
