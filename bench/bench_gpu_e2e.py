@@ -23,6 +23,10 @@ Then, in one run:
 (d) ``disk_write``: the disk's limit (``plain_write``): the same files' sizes (from (b)'s samples.jsonl)
     written to --disk-dir by ``DISK_LIMIT_THREADS`` threads, each file fsynced as the extractor syncs
     its samples, in tokens/s.
+(t) ``tmpfs_write``: the tmpfs's limit, (d)'s definition on --tmpfs-dir: the same files written into memory that (c)'s
+    output also takes fresh. On a virtual machine whose kernel reports free memory to its host (Firecracker's
+    ``page_reporting``, as on the GPU hosts here) a page touched for the first time costs a fault in the host, so
+    this is the pace of that host's memory, not of the extraction; a bare-metal host pays no such fault.
 (p) ``pack_pairs`` (with --pack-pairs N): N pairs of (c) on the row threads only and with pack processes, in
     alternating order, and the rate ratio per pair and its median.
 (s) ``sync_cost`` (with --sync-pairs N): N pairs of (b) with the extractor's power-loss fsyncs and with every
@@ -39,13 +43,13 @@ phase's start to the last row (``tokens_per_s_to_last_row``: the start counted, 
 forwarded its first and last token and the first row was written (``first_forward_after_s``, ``last_forward_after_s``,
 ``first_row_after_s``), and a ``timeline`` in bins of half a second: the GPU's use, the tokens the server forwarded and
 those the extractor wrote, so a phase shows where its GPU waited.
-``e2e_vs_forward_ratio`` = (c) / (a); ``e2e_vs_limit_ratio`` = (b) / min((a), (d)) (each ``..._once_processes_up`` too,
-from that pace, and (c)'s ``..._to_last_row``; the targets stay on the whole phase); GPU utilisation
-(NVML) is sampled during each phase; per-stage seconds come from the server's ``/metrics`` and the
-extractor's ``hsextract_stage_seconds``; each extraction phase's ``per_row`` gives each side's user and system CPU
-milliseconds and context switches per row written (a short row's fixed cost), the extractor's pack processes as a side
-of their own (``pack_processes``, per row they packed, less what a process spends starting, measured once and given
-as ``pack_process_start_cpu_s``; ``extractor`` is the run's own process); synchronizing CUDA calls on the
+``e2e_vs_forward_ratio`` = (c) / (a); ``e2e_tmpfs_vs_limit_ratio`` = (c) / min((a), (t)); ``e2e_vs_limit_ratio`` = (b) /
+min((a), (d)) (each ``..._once_processes_up`` too, from that pace, and (c)'s ``..._to_last_row``; the targets stay on
+the whole phase); GPU utilisation (NVML) is sampled during each phase; per-stage seconds come from the server's
+``/metrics`` and the extractor's ``hsextract_stage_seconds``; each extraction phase's ``per_row`` gives each side's user
+and system CPU milliseconds and context switches per row written (a short row's fixed cost), the extractor's pack
+processes as a side of their own (``pack_processes``, per row they packed, less what a process spends starting, measured
+once and given as ``pack_process_start_cpu_s``; ``extractor`` is the run's own process); synchronizing CUDA calls on the
 engine's forward thread are counted with ``torch.cuda.set_sync_debug_mode``. Reference checks on the GPU: (1) the
 first rows of (c)'s output against a batch-1 plain forward of the same rows on the same bf16 model (own layer index vs
 the neighbouring ones); (2) a float32 Llama-shaped small model through the embedded engine on CUDA,
@@ -1042,7 +1046,7 @@ def parse_args() -> argparse.Namespace:
     add_workload_args(parser)
     add("--max-batch-tokens", type=int, default=16384, help="token budget of one forward, (a) and the server")
     add("--reference-rows", type=int, default=8, help="rows of (c)'s output compared with a plain forward")
-    add("--skip", default="", help="comma-separated phases to skip: a,b,c,d,ref")
+    add("--skip", default="", help="comma-separated phases to skip: a,b,c,d,t,ref")
     add("--format", choices=["specforge", "speculators"], default="specforge", help="the extractor's --format in (b) and "
         "(c) (default: %(default)s)")  # fmt: skip
     add("--storage", choices=["auto", FP8_STORAGE], default="auto", help="the extractor's --storage: float8_e4m3fn "
@@ -1175,6 +1179,10 @@ def main() -> int:
             phases["d_disk_write"] = plain_write(disk / "plain", sizes, tokens, output_io=args.output_io)
             log.info("(d) plain write: %.2f GB/s", phases["d_disk_write"]["gb_per_s"])
             results.update(phases=phases)
+        if "t" not in skip:
+            phases["t_tmpfs_write"] = plain_write(tmpfs / "plain", sizes, tokens, output_io="buffered")
+            log.info("(t) plain write to tmpfs: %.2f GB/s", phases["t_tmpfs_write"]["gb_per_s"])
+            results.update(phases=phases)
         summary = headline(phases)
         results.update(**summary)
         print(json.dumps(summary, indent=1))
@@ -1190,7 +1198,7 @@ def main() -> int:
 
 def headline(phases: dict[str, Any]) -> dict[str, Any]:
     rate = {name: phase.get("tokens_per_s") for name, phase in phases.items()}
-    a, b, c, d = (rate.get(k) for k in ("a_forward", "b_e2e_disk", "c_e2e_tmpfs", "d_disk_write"))
+    a, b, c, d, t = (rate.get(k) for k in ("a_forward", "b_e2e_disk", "c_e2e_tmpfs", "d_disk_write", "t_tmpfs_write"))
     out: dict[str, Any] = {"tokens_per_s": rate}
     # the same past the run's start (its plan, the pack processes' forks; before them, seconds of imports)
     steady = {name: phase.get("tokens_per_s_once_processes_up") for name, phase in phases.items()}
@@ -1200,6 +1208,9 @@ def headline(phases: dict[str, Any]) -> dict[str, Any]:
             out["e2e_vs_forward_ratio_once_processes_up"] = steady["c_e2e_tmpfs"] / a
         if phases["c_e2e_tmpfs"].get("tokens_per_s_to_last_row"):
             out["e2e_vs_forward_ratio_to_last_row"] = phases["c_e2e_tmpfs"]["tokens_per_s_to_last_row"] / a
+    if a and c and t:
+        out["e2e_tmpfs_vs_limit_ratio"] = c / min(a, t)
+        out["tmpfs_limit"] = "forward" if a <= t else "tmpfs"
     if a and b and d:
         out["e2e_vs_limit_ratio"] = b / min(a, d)
         out["limit"] = "forward" if a <= d else "disk"
