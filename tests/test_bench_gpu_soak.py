@@ -1,5 +1,6 @@
-"""bench/bench_gpu_soak.py --cpu-smoke: the regeneration runs of each server are recorded beside its extractions, and
-a regeneration that does not end (past --regenerate-timeout-s) fails the soak. Speed is not checked."""
+"""bench/bench_gpu_soak.py --cpu-smoke: the regeneration runs of each server are recorded beside its extractions, a
+regeneration that does not end (past --regenerate-timeout-s) fails the soak, and --formats soaks each output format.
+Speed is not checked."""
 
 from __future__ import annotations
 
@@ -44,3 +45,15 @@ def test_a_regeneration_past_its_timeout_fails_the_soak_with_the_stacks_in_its_l
     # faulthandler's stacks: "Thread 0x..." heads only the other threads', and a regeneration stopped while it still
     # imports (a loaded machine, 0.5 s) has none yet; every thread's stack says this, the current one's too
     assert "(most recent call first)" in (tmp_path / "results-gpu-soak-regen-512-1.log").read_text()
+
+
+def test_each_run_extracts_once_per_format_and_the_summary_counts_each(tmp_path: Path) -> None:
+    # speculators asks the embedded server for stacked dumps: the default path of that format, soaked beside SpecForge's
+    done, out = soak(tmp_path, "--formats", "specforge,speculators", "--regenerate-runs", "0")
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = json.loads(out.read_text())
+    runs = [(r["max_batch_tokens"], r["run"], r["format"]) for r in results["runs"]]
+    assert runs == [(budget, run, fmt) for budget in (512, 1024) for run in (1, 2) for fmt in ("specforge", "speculators")]
+    assert all(r["complete"] and not r["failed"] and r["spot_checks"]["mismatched_rows"] == 0 for r in results["runs"])
+    by_format = results["summary"]["by_format"]
+    assert sorted(by_format) == ["specforge", "speculators"] and all(f["runs"] == 4 for f in by_format.values())
