@@ -79,7 +79,7 @@ lint: setup  ## ruff, mypy (strict on the package, bodies of the tests), shellch
 	scripts/lint-shell.sh $(BIN)/shellcheck
 	$(MAKE) lint-ansible
 
-bench: setup  ## benchmarks; writes bench/results.json, results-durability.json, results-spot-check.json, results-prepare.json, results-generate.json, results-http-client.json, results-dump-pages.json (root: mounts tmpfs) and results-output-io.json
+bench: setup  ## benchmarks; writes bench/results.json, results-durability.json, results-spot-check.json, results-prepare.json, results-generate.json, results-http-client.json, results-dump-pages.json (root: mounts tmpfs), results-output-io.json and results-fresh-memory.json (FRESH_DIR: a tmpfs, default /dev/shm)
 	$(BIN)/python bench/bench_core.py --out bench/results.json
 	$(BIN)/python bench/bench_durability.py --out bench/results-durability.json
 	$(BIN)/python bench/bench_spot_check.py --out bench/results-spot-check.json
@@ -88,6 +88,7 @@ bench: setup  ## benchmarks; writes bench/results.json, results-durability.json,
 	PYTHONPATH=extractor $(BIN)/python bench/bench_http_client.py --out bench/results-http-client.json
 	PYTHONPATH=extractor $(BIN)/python bench/bench_dump_pages.py --out bench/results-dump-pages.json
 	PYTHONPATH=extractor $(BIN)/python bench/bench_output_io.py --out bench/results-output-io.json
+	$(BIN)/python bench/bench_fresh_memory.py --out bench/results-fresh-memory.json --dir $(or $(FRESH_DIR),/dev/shm)
 
 # Short rows on a tiny model on the CPU (issue 37): what the extraction path costs each side per row when the forward
 # is cheap, as CPU milliseconds and context switches (phase c of bench_gpu_e2e.py, --device cpu; about a minute)
