@@ -2,8 +2,10 @@
 
 Phase c of ``bench_gpu_e2e`` keeps its whole output in tmpfs (28 GB for the wide model's 1000 rows), so every byte of
 it lands in memory the run has not touched before. On a virtual machine whose kernel reports free memory to its host
-(``page_reporting``: Firecracker's guests here, the GPU hosts among them) hands memory that stays free for a while back
-to its host, and a page touched again after that costs a fault in the host; a bare-metal host pays only the zeroing.
+(``page_reporting``: the CI machine's, a Firecracker guest) hands memory that stays free for a while back to its host,
+and a page touched again after that costs a fault in the host; a bare-metal host pays only the zeroing. The GPU host
+measured on 2026-12-07 had reported nothing (``passes`` 0): there the rested arm meets memory never used since boot, or
+memory an earlier arm touched.
 This measures that cost as the extractor meets it: ``--processes`` processes (as the pack processes) each write
 ``--file-mb`` files, sized first and written 1 MiB at a time (as ``SampleFile`` writes a sample), into ``--dir``:
 
