@@ -1185,7 +1185,7 @@ def main() -> int:
             log.info("(d) plain write: %.2f GB/s", phases["d_disk_write"]["gb_per_s"])
             results.update(phases=phases)
         if "t" not in skip:
-            time.sleep(0.0 if args.cpu_smoke else TMPFS_REST_S)  # what (c) freed goes back to the host, as (c) found its own
+            time.sleep(0.0 if args.cpu_smoke else TMPFS_REST_S)  # TMPFS_REST_S says why
             phases["t_tmpfs_write"] = plain_write(tmpfs / "plain", sizes, tokens, output_io="buffered")
             log.info("(t) plain write to tmpfs: %.2f GB/s", phases["t_tmpfs_write"]["gb_per_s"])
             results.update(phases=phases)
