@@ -88,7 +88,7 @@ bench: setup  ## benchmarks; writes bench/results.json, results-durability.json,
 	PYTHONPATH=extractor $(BIN)/python bench/bench_http_client.py --out bench/results-http-client.json
 	PYTHONPATH=extractor $(BIN)/python bench/bench_dump_pages.py --out bench/results-dump-pages.json
 	PYTHONPATH=extractor $(BIN)/python bench/bench_output_io.py --out bench/results-output-io.json
-	$(BIN)/python bench/bench_fresh_memory.py --out bench/results-fresh-memory.json --dir $(or $(FRESH_DIR),/dev/shm)
+	PYTHONPATH=extractor $(BIN)/python bench/bench_fresh_memory.py --out bench/results-fresh-memory.json --dir $(or $(FRESH_DIR),/dev/shm)
 
 # Short rows on a tiny model on the CPU (issue 37): what the extraction path costs each side per row when the forward
 # is cheap, as CPU milliseconds and context switches (phase c of bench_gpu_e2e.py, --device cpu; about a minute)

@@ -24,12 +24,15 @@ import json
 import multiprocessing
 import os
 import platform
+import shutil
 import statistics
 import time
 from datetime import datetime, timezone
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from typing import Any
+
+from hsextract.contract.files.dump_pages import tmpfs_mount
 
 MB = 1 << 20
 PIECE = MB
@@ -75,7 +78,7 @@ def arm(directory: Path, processes: int, file_bytes: int, total_bytes: int, keep
         worker.join()
         if worker.exitcode:
             raise SystemExit(f"a writer process failed (exit code {worker.exitcode}); is {directory} full?")
-    return processes * (total_bytes // file_bytes) * file_bytes / seconds / 1e9
+    return processes * total_bytes / seconds / 1e9  # total_bytes is whole files (main rounds it down)
 
 
 def page_reporting() -> dict[str, str] | None:
@@ -83,17 +86,6 @@ def page_reporting() -> dict[str, str] | None:
     if not PAGE_REPORTING.is_dir():
         return None
     return {p.name: p.read_text().strip() for p in sorted(PAGE_REPORTING.iterdir()) if os.access(p, os.R_OK)}
-
-
-def mount_of(directory: Path) -> str | None:
-    """The /proc/mounts line of the filesystem ``directory`` is on (its type and options: tmpfs, huge=...)."""
-    try:
-        lines = Path("/proc/mounts").read_text().splitlines()
-    except OSError:
-        return None
-    resolved = str(directory.resolve())
-    under = [ln for ln in lines if len(ln.split()) > 3 and (resolved + "/").startswith(ln.split()[1].rstrip("/") + "/")]
-    return max(under, key=lambda ln: len(ln.split()[1]), default=None)
 
 
 def main() -> int:
@@ -111,7 +103,7 @@ def main() -> int:
     file_bytes = args.file_mb * MB
     total_bytes = max(file_bytes, int(args.gb_per_process * 1e9) // file_bytes * file_bytes)
     counts = [int(n) for n in args.processes.split(",")]
-    free = os.statvfs(args.dir).f_bavail * os.statvfs(args.dir).f_frsize
+    free = shutil.disk_usage(args.dir).free
     if free < 1.2 * max(counts) * total_bytes:
         needed = max(counts) * total_bytes / 1e9
         raise SystemExit(f"--dir {args.dir}: {free / 1e9:.1f} GB free, the rested arm needs {needed:.1f}: lower --gb-per-process "
@@ -144,7 +136,7 @@ def main() -> int:
         "command": f"python3 bench/bench_fresh_memory.py --dir {args.dir} --processes {args.processes} --file-mb {args.file_mb} "
         f"--gb-per-process {args.gb_per_process} --repeats {args.repeats} --rest-s {args.rest_s}",
         "hardware": {"cpu_count": os.cpu_count(), "kernel": platform.release(), "page_reporting": page_reporting(),
-                     "dir_mount": mount_of(args.dir)},
+                     "tmpfs_mount": tmpfs_mount(args.dir)},  # (mount point, huge=), None off tmpfs
         "by_processes": summary,
         "runs_gb_per_s": runs,
     }
