@@ -148,7 +148,12 @@ _LIBRARY_ORDER = ("I64", "F64", "F32", "I32", "BF16", "F16", "I16", "F8_E4M3", "
 
 def safetensors_size(tensors: Mapping[str, torch.Tensor | Stacked], metadata: Mapping[str, str] | None = None) -> int:
     """The bytes of the file :func:`safetensors_stream` writes."""
-    return len(safetensors_header(tensors, metadata)) + sum(_nbytes(tensor) for tensor in tensors.values())
+    return len(safetensors_header(tensors, metadata)) + _data_bytes(tensors)
+
+
+def _data_bytes(tensors: Mapping[str, torch.Tensor | Stacked]) -> int:
+    """The bytes after a safetensors file's header: every tensor's, in order."""
+    return sum(_nbytes(tensor) for tensor in tensors.values())
 
 
 def in_library_order(tensors: Mapping[str, AnyTensor]) -> dict[str, AnyTensor]:
@@ -216,7 +221,7 @@ def write_safetensors_to(
     buffer per part per token instead held the server's interpreter lock for milliseconds a row: the wide bench model
     forwarded at half its pace, issue 37.)"""
     header = safetensors_header(tensors, metadata)
-    total = len(header) + sum(_nbytes(tensor) for tensor in tensors.values())
+    total = len(header) + _data_bytes(tensors)  # safetensors_size, with the header built once
     # Sized first: a tmpfs mounted huge=within_size backs with huge pages only what lies within a file's size, and a
     # file that grows write by write gets small ones on kernels that look at the size alone (dump_pages.py)
     os.ftruncate(fd, os.lseek(fd, 0, os.SEEK_CUR) + total)
