@@ -6,23 +6,25 @@ whether 16, 64, 256 or 1024 were in flight, and the server batched 1.8 rows at a
 checking and writing the dumps held the lock for half of the extractor's locked time.
 
 So :class:`PackProcesses` runs those steps (:func:`hsextract.extract.packing.pack_row`) in ``n`` processes
-of their own (:mod:`hsextract.extract.pack_worker`). A row's thread borrows an idle process from a queue
-(``queue.SimpleQueue``: no lock to wait on), sends it the job over the process's socket, waits for the answer
-and gives the process back. Only the job crosses: the sample's ids, the dump's path, and what the dump must
-be. The process reads the dump from the dump directory itself and writes the sample file; the row's thread
-syncs the file once it has let go of its turn (row_worker's ``ROWS_PACKED_ON_THREADS``), so the fsyncs of a slow disk
-overlap and hold no process. An error comes back whole, and the row's thread handles it as before (retry, skip, stop).
+of their own (:mod:`hsextract.extract.pack_worker`). A row's thread takes a process with room for a job from a
+queue (``queue.SimpleQueue``: no lock to wait on; a process is in it once for each job it can still take), sends it
+the job over the process's socket, waits for its answer and puts the process back. A process holds
+:data:`JOBS_PER_PROCESS` jobs: it starts the next as soon as it has answered one, without waiting for the extractor's
+threads. Only the job crosses: the sample's ids, the dump's path, and what the dump must be. The process reads the dump
+from the dump directory itself and writes the sample file; the row's thread syncs the file once it has let go of its
+turn (row_worker's ``ROWS_PACKED_ON_THREADS``), so the fsyncs of a slow disk overlap and hold no process. An error
+comes back whole, and the row's thread handles it as before (retry, skip, stop).
 
 The run's processes are started as programs of their own (:mod:`hsextract.extract.pack_worker` says why), each
 importing torch: a second or more. Until each is up, a process forked from the run's as it creates
 :class:`PackProcesses`, before its row threads start, stands in for it: up in milliseconds, torch and the packing code
-already imported, and stopped at its next turn once a started process is up (:class:`PackProcesses` says why).
+already imported, and stopped once a started process is up and its jobs are answered (:class:`PackProcesses` says why).
 
-A row first waits for a turn: the run has one per process and ``ROWS_PACKED_ON_THREADS`` more
-(:mod:`hsextract.extract.row_worker` says why). When no process is idle (all busy, or a replacement still starting)
+A row first waits for a turn: the run has one for each job its processes hold and ``ROWS_PACKED_ON_THREADS`` more
+(:mod:`hsextract.extract.row_worker` says why). When no process has room (all full, or a replacement still starting)
 the row is packed on its own thread. Wide rows (tens of MB) take a turn too: on their threads
 at once, their finite checks handed the lock over every 512 KiB among dozens of threads. A process that
-dies (killed, out of memory) fails the row it held with
+dies (killed, out of memory) fails every row it held with
 :class:`~hsextract.errors.PackProcessError`, which is retried, and a new process takes its place.
 """
 
@@ -54,6 +56,14 @@ log = logging.getLogger(__name__)
 
 #: how long close() waits for a process to exit before it is killed
 CLOSE_TIMEOUT_S = 60.0
+#: jobs a process holds at once: the row it packs and the next, sent before the first's answer is read, so that it
+#: starts the next row as soon as it answers. With one, it waited for a row thread to take its answer and another to
+#: send a job, each a turn of the extractor's interpreter lock: a wide bf16 run's started processes sat idle some 17 %
+#: of the phase on an H100's host (bench/results-gpu-e2e-h100-speculators.json, ``session30``)
+JOBS_PER_PROCESS = 2
+
+# a process's states, as PackProcesses sees it
+_STARTING, _UP, _RETIRING, _STOPPED, _ENDED = "starting", "up", "retiring", "stopped", "ended"
 
 
 class _Forked:
@@ -85,7 +95,10 @@ class _Forked:
 
 
 class _Process:
-    """One pack process (forked, or ``python -m hsextract.extract.pack_worker``) and the socket to it."""
+    """One pack process (forked, or ``python -m hsextract.extract.pack_worker``) and the socket to it.
+
+    It holds up to :data:`JOBS_PER_PROCESS` jobs: each caller sends its job at once and reads its answer in its turn
+    (the process answers in the order the jobs came)."""
 
     def __init__(self, fmt: OutputFormat, output: Path, forked: bool = False) -> None:
         here, there = socket.socketpair()
@@ -104,6 +117,14 @@ class _Process:
         there.close()
         self.conn = Connection(here.detach())
         self.conn.send((fmt, output))
+        self.lent = 0  # jobs lent out to row threads (PackProcesses keeps it, under its lock)
+        self.state = _STARTING
+        self._turn = threading.Condition()
+        self._sent = self._read = 0  # jobs sent, answers read: each caller reads when _read reaches its job's number
+        self._reading = False  # a caller reads its answer (outside the lock)
+        self._gone = False  # its socket ended under a job: every job it holds fails
+        self._end_lock = threading.Lock()
+        self._ended: str | None = None
 
     @property
     def stand_in(self) -> bool:
@@ -116,16 +137,50 @@ class _Process:
             raise EOFError("the pack process did not say it was ready")
 
     def call(self, job: PackJob) -> tuple[str, Any]:
-        self.conn.send(job)
-        answer: tuple[str, Any] = self.conn.recv()
+        """Send ``job``, then wait for the answers to the jobs sent before it, then read its own (EOFError or
+        OSError: the process ended, under this job or one before it)."""
+        with self._turn:
+            if self._gone:
+                raise EOFError("it ended under an earlier job")
+            number, self._sent = self._sent, self._sent + 1
+            try:
+                self.conn.send(job)
+            except OSError:
+                self._went()
+                raise
+            while self._read != number and not self._gone:
+                self._turn.wait()
+            if self._gone:
+                raise EOFError("it ended under an earlier job")
+            self._reading = True
+        try:  # outside the lock: the next job is sent while this answer is awaited
+            answer: tuple[str, Any] = self.conn.recv()
+        except (EOFError, OSError):
+            with self._turn:
+                self._reading = False
+                self._went()
+            raise
+        with self._turn:
+            self._reading = False
+            self._read += 1
+            self._turn.notify_all()
         return answer
 
+    def _went(self) -> None:
+        self._gone = True
+        self._turn.notify_all()
+
     def ended(self) -> str:
-        """How it ended, for the error of the row it held."""
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(5.0)
-        self.conn.close()
-        return f"pack process {self.process.pid} ended (exit code {self.process.returncode})"
+        """How it ended, for the error of each row it held (it is waited for once)."""
+        with self._end_lock:
+            if self._ended is None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.process.wait(5.0)
+                with self._turn:  # not under a read of another job's answer (that read ends at the process's end)
+                    if self._turn.wait_for(lambda: not self._reading, timeout=5.0):
+                        self.conn.close()
+                self._ended = f"pack process {self.process.pid} ended (exit code {self.process.returncode})"
+            return self._ended
 
     def ask_to_stop(self) -> None:
         with contextlib.suppress(OSError):  # it has ended already
@@ -152,26 +207,25 @@ def stop_all(processes: list[_Process], on_stopped: Callable[[], None] = lambda:
 
 
 class PackProcesses:
-    """``processes`` pack processes, lent to the row threads one job at a time; ``on_up`` is told how many are up
-    (ready for rows) each time that changes: none at first, all within milliseconds.
+    """``processes`` pack processes, lent to the row threads a job at a time, :data:`JOBS_PER_PROCESS` jobs each;
+    ``on_up`` is told how many are up (ready for rows) each time that changes: none at first, all within milliseconds.
 
     Each is started as a program of its own, and until it is up (it imports torch: 1.5-2.5 s on an H100's host) a
     process forked here stands in for it (create this on the run's main thread before its row threads start). The
     forks pack from the first rows on, but a bf16 row cost a forked process about twice the CPU it costs a started one
-    on that host (bench/results-gpu-e2e-h100-speculators.json, ``session28``), so each fork is stopped, at its next
-    turn, once a started process is up."""
+    on that host (bench/results-gpu-e2e-h100-speculators.json, ``session28``), so each fork is stopped once a started
+    process is up and the jobs it holds are answered."""
 
     def __init__(self, processes: int, fmt: OutputFormat, output: Path, on_up: Callable[[int], None] = lambda up: None) -> None:
         if processes < 1:
             raise ValueError(f"PackProcesses needs at least one process, not {processes}")
         self._count, self._fmt, self._output = processes, fmt, output
-        self._idle: queue.SimpleQueue[_Process] = queue.SimpleQueue()
-        self._up = 0  # ready, and not ended since
+        self._slots: queue.SimpleQueue[_Process] = queue.SimpleQueue()  # a process once for each job it can take now
         self._on_up = on_up
         self._lock = threading.Lock()
-        self._to_retire = 0  # stand-ins to stop at their next turn: one for each started process up
+        self._up = 0  # ready, and not stopped or ended since
+        self._live: dict[_Process, None] = {}  # up, in the order they came up; a process leaves when it stops or ends
         forked = self._fork_all()
-        self._live = processes + len(forked)  # started or starting, less those stopped or not started again
         self._starter = threading.Thread(target=self._start_all, args=(forked,), name="hsextract-pack-start", daemon=True)
         self._starter.start()
 
@@ -181,78 +235,98 @@ class PackProcesses:
         return self._count
 
     @property
+    def jobs(self) -> int:
+        """How many jobs the processes the run asked for hold at once."""
+        return self._count * JOBS_PER_PROCESS
+
+    @property
     def idle(self) -> int:
-        """Processes up and waiting for a job now."""
-        return self._idle.qsize()
+        """Processes up and holding no job now."""
+        with self._lock:
+            return sum(1 for process in self._live if process.state == _UP and not process.lent)
 
     def pack(self, job: PackJob) -> Packed | None:
-        """Pack one row in an idle process (its error, if any, is raised here); None when none is idle (all busy,
-        or still starting): the row's own thread packs it then, so the processes add to the threads, never queue."""
-        process = self._take_idle()
+        """Pack one row in a process (its error, if any, is raised here); None when every process holds all the jobs
+        it takes, or is still starting: the row's own thread packs it then, so the processes add to the threads."""
+        process = self._lend()
         if process is None:
             return None
         try:
             outcome, value = process.call(job)
         except (EOFError, OSError) as exc:
-            self._count_up(-1)
+            first = self._lost(process)
             error = PackProcessError(
                 f"{process.ended()} while it packed row {job.sample.row} ({type(exc).__name__}); the row is tried again. "
                 "If this repeats, look for the out-of-memory killer (dmesg), or set pack_processes 0"
             )
-            if process.stand_in:  # its started successor is on its way
-                with self._lock:
-                    self._live -= 1
-            else:
+            if first and not process.stand_in:  # a stand-in's started successor is on its way
                 self._replace()
             raise error from None
-        if not self._retired(process):
-            self._idle.put(process)
+        self._give_back(process)
         if outcome == "packed":
             assert isinstance(value, Packed)
             return value
         raise value
 
     def close(self) -> None:
-        """End every process (the rows are done: each is idle)."""
+        """End every process (the rows are done: none holds a job)."""
         self._starter.join()
-        stop_all([self._idle.get() for _ in range(self._live)], on_stopped=lambda: self._count_up(-1))
+        with self._lock:
+            live = list(self._live)
+            self._live.clear()
+            for process in live:
+                process.state = _STOPPED
+        stop_all(live, on_stopped=lambda: self._count_up(-1))
 
-    def _take_idle(self) -> _Process | None:
+    def _lend(self) -> _Process | None:
+        """A process that takes another job now (its ``lent`` counted), or None; the slots of processes that have
+        ended or are being stopped are dropped as they come."""
         while True:
             try:
-                process = self._idle.get_nowait()
+                process = self._slots.get_nowait()
             except queue.Empty:
                 return None
-            if not self._retired(process):
-                return process
+            with self._lock:
+                if process.state == _UP:
+                    process.lent += 1
+                    return process
+
+    def _give_back(self, process: _Process) -> None:
+        """A job answered: its slot back, or, for a stand-in being stopped that holds no other job, stopped now."""
+        with self._lock:
+            process.lent -= 1
+            stop = process.state == _RETIRING and not process.lent
+            if stop:
+                process.state = _STOPPED
+        if stop:
+            stop_all([process], on_stopped=lambda: self._count_up(-1))
+        elif process.state == _UP:
+            self._slots.put(process)
+
+    def _lost(self, process: _Process) -> bool:
+        """A job's process ended under it: whether this is the first of its jobs to find it so."""
+        with self._lock:
+            process.lent -= 1
+            first = process.state in (_UP, _RETIRING)
+            if first:
+                process.state = _ENDED
+                self._live.pop(process, None)
+        if first:
+            self._count_up(-1)
+        return first
 
     def _retire_a_stand_in(self) -> None:
-        """Stop an idle stand-in now; with every stand-in busy, the next one to come back."""
+        """Stop a stand-in, one holding no job if any does; one holding jobs stops once they are answered."""
         with self._lock:
-            self._to_retire += 1
-        kept: list[_Process] = []
-        while True:
-            try:
-                process = self._idle.get_nowait()
-            except queue.Empty:
-                break
-            if self._retired(process):
-                break
-            kept.append(process)
-        for process in kept:
-            self._idle.put(process)
-
-    def _retired(self, process: _Process) -> bool:
-        """Whether ``process`` was a stand-in due to stop, now stopped (a fork exits at once)."""
-        if not process.stand_in:
-            return False
-        with self._lock:
-            if not self._to_retire:
-                return False
-            self._to_retire -= 1
-            self._live -= 1
-        stop_all([process], on_stopped=lambda: self._count_up(-1))
-        return True
+            stand_ins = [p for p in self._live if p.stand_in and p.state == _UP]
+            if not stand_ins:
+                return
+            process = min(stand_ins, key=lambda p: p.lent)
+            self._live.pop(process)
+            stop_now = not process.lent
+            process.state = _STOPPED if stop_now else _RETIRING
+        if stop_now:  # its slots still queued are dropped as they come
+            stop_all([process], on_stopped=lambda: self._count_up(-1))
 
     def _count_up(self, change: int) -> None:
         with self._lock:
@@ -266,8 +340,6 @@ class PackProcesses:
         ended = self._bring_up(_Process(self._fmt, self._output))
         if ended is not None:
             log.error("%s before it was ready: packing goes on with one process fewer", ended)
-            with self._lock:
-                self._live -= 1
         return ended is None
 
     def _bring_up(self, process: _Process) -> str | None:
@@ -276,8 +348,12 @@ class PackProcesses:
             process.wait_ready()
         except (EOFError, OSError):
             return process.ended()
+        with self._lock:
+            process.state = _UP
+            self._live[process] = None
         self._count_up(1)
-        self._idle.put(process)
+        for _ in range(JOBS_PER_PROCESS):
+            self._slots.put(process)
         return None
 
     def _fork_all(self) -> list[_Process]:
@@ -294,8 +370,6 @@ class PackProcesses:
         for stand_in in forked:
             if (ended := self._bring_up(stand_in)) is not None:
                 log.warning("%s before it was ready", ended)
-                with self._lock:
-                    self._live -= 1
         for process in started:
             if (ended := self._bring_up(process)) is not None:
                 log.warning("%s before it was ready; starting another", ended)

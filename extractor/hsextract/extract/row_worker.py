@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 #: polling the dump directory while the request is open: first after this, then doubling up to the cap
 FIRST_POLL_S = 0.1
 MAX_POLL_S = 0.25
-#: rows packed on row threads at once, beside one in each pack process. Packing is Python under the one interpreter
+#: rows packed on row threads at once, beside those the pack processes hold. Packing is Python under the one interpreter
 #: lock, which it lets go around every system call and torch operation: with 256 rows in flight, every row thread whose
 #: dump was in took and gave back the lock in turn, and the switches cost more than the work (``make bench-row-cost``:
 #: the extractor's CPU a short row 3.3 ms, against 1.8 with 32 in flight; a wide row's finite check, a lock handover
@@ -107,8 +107,8 @@ class RowWorker:
         self._lock = threading.Lock()
         # rows written before their answer came: the row and when its grace ends (time.monotonic)
         self._lingering: dict[PendingAnswer, tuple[OpenRequest, float]] = {}
-        # rows packed at once: one in each pack process and ROWS_PACKED_ON_THREADS more (it says why)
-        self._pack_turns = threading.Semaphore(ROWS_PACKED_ON_THREADS + (packer.processes if packer is not None else 0))
+        # rows packed at once: as many as the pack processes hold and ROWS_PACKED_ON_THREADS more (it says why)
+        self._pack_turns = threading.Semaphore(ROWS_PACKED_ON_THREADS + (packer.jobs if packer is not None else 0))
 
     def process(self, sample: Sample, row_hash: str) -> None:
         rid = make_rid(sample.row, len(sample.input_ids), self.config.rid_prefix)
@@ -178,8 +178,8 @@ class RowWorker:
 
     # -- packing --------------------------------------------------------------------------------------
     def _pack(self, sample: Sample, directory: Path) -> Packed:
-        """Read, check and write the row's complete dump: it waits for one of ``_pack_turns``, then goes to an idle
-        pack process once the run knows what every dump must be, else to this thread."""
+        """Read, check and write the row's complete dump: it waits for one of ``_pack_turns``, then goes to a pack
+        process with room for it once the run knows what every dump must be, else to this thread."""
         output = self.config.output
         with self.metrics.stage("turn"):
             self._pack_turns.acquire()
