@@ -9,7 +9,7 @@ A row's way, one folder per step, then the writing:
 3. ``checks/``: the checks of each dump before it counts (tokens, shapes, layers, finiteness), the spot
    check against the engine's own states, stale dumps swept;
 4. ``row_worker``: one row's request, dump, checks and retries, the row packed into its output format
-   (``packing``, with ``hsextract.output.formats``; in an idle pack process when the run has them:
+   (``packing``, with ``hsextract.output.formats``; in a pack process with room when the run has them:
    ``pack_processes``, whose other side is ``pack_worker``) and recorded by the ``ledger`` (samples.jsonl,
    errors.jsonl, the counts, the run's stop).
 
