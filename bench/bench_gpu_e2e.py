@@ -431,10 +431,10 @@ def ended_children_usage() -> dict[str, float]:
 
 
 def pack_process_start_usage() -> dict[str, float]:
-    """What one pack process spends before its first row: one started as a program (it imports torch) and the fork
-    that stands in for it meanwhile, up and ended alone, as the run starts each. Subtracted from the pack processes'
-    CPU so that their ``per_row`` is what a row costs them: four starts were 61-78 % of it over the wide model's phases
-    of 6-9 s on one H100's host (issue 37)."""
+    """What one pack process spends before its first row, up and ended alone, as the run starts each (a fork since
+    session 31; before, a program importing torch and the fork that stood in for it). Subtracted from the pack
+    processes' CPU so that their ``per_row`` is what a row costs them: four programs' starts were 61-78 % of it over
+    the wide model's phases of 6-9 s on one H100's host (issue 37)."""
     global _START_USAGE
     if _START_USAGE is None:
         before = ended_children_usage()

@@ -20,7 +20,7 @@ from hsextract.output.formats import DEFAULT_FORMAT, FORMAT_NAMES
 from hsextract.output.sample_file import OutputIO
 
 #: pack processes (``pack_processes`` unset) only for runs with this many rows to do: the row threads keep up with a
-#: shorter run, and each process started takes a second or more (it imports torch; a fork stands in meanwhile)
+#: shorter run
 PACK_PROCESSES_FROM_ROWS = 512
 #: rows_per_request's default (bench/results-row-cost.json, "rows_per_request")
 ROWS_PER_REQUEST = 16
@@ -101,7 +101,7 @@ class ExtractConfig(StrictConfig):
         ge=0,
         le=64,
         description="processes that read, check and write the dumps beside the request threads, each with its own "
-        "interpreter lock; while each starts, a fork of the run's process (hsextract-pack in ps and top) stands in "
+        "interpreter lock: forks of the run's process (hsextract-pack in ps and top), each holding two rows "
         f"(0: on the request threads; default: a quarter of the CPUs, 1 to 8, for runs of {PACK_PROCESSES_FROM_ROWS} "
         "rows or more, else 0)",
     )

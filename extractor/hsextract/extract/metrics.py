@@ -67,9 +67,8 @@ class ExtractMetrics:
         )
         self.pack_processes_up = Gauge(
             "hsextract_pack_processes_up",
-            "Pack processes ready for rows (pack_processes): forks of the run's process, up within milliseconds, stand in "
-            "while the started ones import torch (seconds; both count then), and stop once those are up; one started in "
-            "place of one that died has no stand-in, and rows are packed on their own threads meanwhile",
+            "Pack processes ready for rows (pack_processes): forks of the run's process, up within milliseconds; one "
+            "started in place of one that died imports torch (seconds), and rows are packed on their own threads meanwhile",
             registry=r,
         )
         self.stage_seconds = Histogram(

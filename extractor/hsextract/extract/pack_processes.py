@@ -15,10 +15,10 @@ from the dump directory itself and writes the sample file; the row's thread sync
 turn (row_worker's ``ROWS_PACKED_ON_THREADS``), so the fsyncs of a slow disk overlap and hold no process. An error
 comes back whole, and the row's thread handles it as before (retry, skip, stop).
 
-The run's processes are started as programs of their own (:mod:`hsextract.extract.pack_worker` says why), each
-importing torch: a second or more. Until each is up, a process forked from the run's as it creates
-:class:`PackProcesses`, before its row threads start, stands in for it: up in milliseconds, torch and the packing code
-already imported, and stopped once a started process is up and its jobs are answered (:class:`PackProcesses` says why).
+The run's processes are forked from the run's process as it creates :class:`PackProcesses`, before its row threads
+start: up in milliseconds, torch and the packing code already imported. A process started as a program of its own
+(:mod:`hsextract.extract.pack_worker`) imports torch, seconds of CPU: only one that cannot be forked, or one in place of a
+process that died (the run's threads are mid-row by then, and a fork copies whatever locks they hold), starts so.
 
 A row first waits for a turn: the run has one for each job its processes hold and ``ROWS_PACKED_ON_THREADS`` more
 (:mod:`hsextract.extract.row_worker` says why). When no process has room (all full, or a replacement still starting)
@@ -62,8 +62,6 @@ CLOSE_TIMEOUT_S = 60.0
 #: of the phase on an H100's host (bench/results-gpu-e2e-h100-speculators.json, ``session30``)
 JOBS_PER_PROCESS = 2
 
-# a process's states, as PackProcesses sees it
-_STARTING, _UP, _RETIRING, _STOPPED, _ENDED = "starting", "up", "retiring", "stopped", "ended"
 
 
 class _Forked:
@@ -118,18 +116,12 @@ class _Process:
         self.conn = Connection(here.detach())
         self.conn.send((fmt, output))
         self.lent = 0  # jobs lent out to row threads (PackProcesses keeps it, under its lock)
-        self.state = _STARTING
         self._turn = threading.Condition()
         self._sent = self._read = 0  # jobs sent, answers read: each caller reads when _read reaches its job's number
         self._reading = False  # a caller reads its answer (outside the lock)
         self._gone = False  # its socket ended under a job: every job it holds fails
         self._end_lock = threading.Lock()
         self._ended: str | None = None
-
-    @property
-    def stand_in(self) -> bool:
-        """A fork: it packs only until a process started as a program is up (PackProcesses says why)."""
-        return isinstance(self.process, _Forked)
 
     def wait_ready(self) -> None:
         """Until it has imported what it needs (EOFError: it died first)."""
@@ -210,11 +202,11 @@ class PackProcesses:
     """``processes`` pack processes, lent to the row threads a job at a time, :data:`JOBS_PER_PROCESS` jobs each;
     ``on_up`` is told how many are up (ready for rows) each time that changes: none at first, all within milliseconds.
 
-    Each is started as a program of its own, and until it is up (it imports torch: 1.5-2.5 s on an H100's host) a
-    process forked here stands in for it (create this on the run's main thread before its row threads start). The
-    forks pack from the first rows on, but a bf16 row cost a forked process about twice the CPU it costs a started one
-    on that host (bench/results-gpu-e2e-h100-speculators.json, ``session28``), so each fork is stopped once a started
-    process is up and the jobs it holds are answered."""
+    Each is forked here (create this on the run's main thread before its row threads start), up in milliseconds with
+    torch and the packing code imported. Only one that cannot be forked, and one in place of a process that died, is
+    started as a program of its own: it imports torch, 4 CPU-seconds on an H100's host, and four of them at once while
+    the rows went held a wide bf16 phase to 0.66 x its forward against 0.71-0.74 x for the forks alone
+    (bench/results-gpu-e2e-h100-speculators.json, ``session31``)."""
 
     def __init__(self, processes: int, fmt: OutputFormat, output: Path, on_up: Callable[[int], None] = lambda up: None) -> None:
         if processes < 1:
@@ -243,7 +235,7 @@ class PackProcesses:
     def idle(self) -> int:
         """Processes up and holding no job now."""
         with self._lock:
-            return sum(1 for process in self._live if process.state == _UP and not process.lent)
+            return sum(1 for process in self._live if not process.lent)
 
     def pack(self, job: PackJob) -> Packed | None:
         """Pack one row in a process (its error, if any, is raised here); None when every process holds all the jobs
@@ -259,7 +251,7 @@ class PackProcesses:
                 f"{process.ended()} while it packed row {job.sample.row} ({type(exc).__name__}); the row is tried again. "
                 "If this repeats, look for the out-of-memory killer (dmesg), or set pack_processes 0"
             )
-            if first and not process.stand_in:  # a stand-in's started successor is on its way
+            if first:
                 self._replace()
             raise error from None
         self._give_back(process)
@@ -274,59 +266,35 @@ class PackProcesses:
         with self._lock:
             live = list(self._live)
             self._live.clear()
-            for process in live:
-                process.state = _STOPPED
         stop_all(live, on_stopped=lambda: self._count_up(-1))
 
     def _lend(self) -> _Process | None:
-        """A process that takes another job now (its ``lent`` counted), or None; the slots of processes that have
-        ended or are being stopped are dropped as they come."""
+        """A process that takes another job now (its ``lent`` counted), or None; the slots of a process that has
+        ended are dropped as they come."""
         while True:
             try:
                 process = self._slots.get_nowait()
             except queue.Empty:
                 return None
             with self._lock:
-                if process.state == _UP:
+                if process in self._live:
                     process.lent += 1
                     return process
 
     def _give_back(self, process: _Process) -> None:
-        """A job answered: its slot back, or, for a stand-in being stopped that holds no other job, stopped now."""
         with self._lock:
             process.lent -= 1
-            stop = process.state == _RETIRING and not process.lent
-            if stop:
-                process.state = _STOPPED
-        if stop:
-            stop_all([process], on_stopped=lambda: self._count_up(-1))
-        elif process.state == _UP:
-            self._slots.put(process)
+        self._slots.put(process)
 
     def _lost(self, process: _Process) -> bool:
         """A job's process ended under it: whether this is the first of its jobs to find it so."""
         with self._lock:
             process.lent -= 1
-            first = process.state in (_UP, _RETIRING)
-            if first:
-                process.state = _ENDED
-                self._live.pop(process, None)
+            first = process in self._live
+            self._live.pop(process, None)
         if first:
             self._count_up(-1)
         return first
-
-    def _retire_a_stand_in(self) -> None:
-        """Stop a stand-in, one holding no job if any does; one holding jobs stops once they are answered."""
-        with self._lock:
-            stand_ins = [p for p in self._live if p.stand_in and p.state == _UP]
-            if not stand_ins:
-                return
-            process = min(stand_ins, key=lambda p: p.lent)
-            self._live.pop(process)
-            stop_now = not process.lent
-            process.state = _STOPPED if stop_now else _RETIRING
-        if stop_now:  # its slots still queued are dropped as they come
-            stop_all([process], on_stopped=lambda: self._count_up(-1))
 
     def _count_up(self, change: int) -> None:
         with self._lock:
@@ -335,8 +303,8 @@ class PackProcesses:
         self._on_up(up)
 
     def _replace(self) -> bool:
-        """A new process in place of one that died, started on the calling thread; if it cannot start, one fewer
-        (False)."""
+        """A new process in place of one that died, started as a program on the calling thread (a fork now would copy
+        the locks the run's threads hold); if it cannot start, one fewer (False)."""
         ended = self._bring_up(_Process(self._fmt, self._output))
         if ended is not None:
             log.error("%s before it was ready: packing goes on with one process fewer", ended)
@@ -349,7 +317,6 @@ class PackProcesses:
         except (EOFError, OSError):
             return process.ended()
         with self._lock:
-            process.state = _UP
             self._live[process] = None
         self._count_up(1)
         for _ in range(JOBS_PER_PROCESS):
@@ -366,13 +333,8 @@ class PackProcesses:
         return forked
 
     def _start_all(self, forked: list[_Process]) -> None:
-        started = [_Process(self._fmt, self._output) for _ in range(self._count)]  # importing at once
-        for stand_in in forked:
-            if (ended := self._bring_up(stand_in)) is not None:
-                log.warning("%s before it was ready", ended)
-        for process in started:
+        started = [_Process(self._fmt, self._output) for _ in range(self._count - len(forked))]  # importing at once
+        for process in forked + started:
             if (ended := self._bring_up(process)) is not None:
                 log.warning("%s before it was ready; starting another", ended)
-                if not self._replace():
-                    continue
-            self._retire_a_stand_in()
+                self._replace()

@@ -1,19 +1,19 @@
 """The pack process's side (:mod:`hsextract.extract.pack_processes`): forked from the run's process, or started as
 ``python -m hsextract.extract.pack_worker FD``.
 
-A run's processes are started as programs, and forked ones (:func:`fork_serving`, on its main thread before its row
-threads start) stand in for them while they import torch: the child has torch and the packing code already imported,
-so it is up in milliseconds, where a new interpreter took 1.5-2.5 s on an H100's host and a wide bf16 run wrote little
-meanwhile (issue 37). Only stand-ins are forked: later the run's threads are mid-request and mid-row, and a fork copies
-whatever locks they hold. Neither is ``multiprocessing``'s spawn, which imports the parent's main module again: a
+A run's processes are forked (:func:`fork_serving`, on its main thread before its row threads start): the child has
+torch and the packing code already imported, so it is up in milliseconds, where a new interpreter took 1.5-2.5 s (4
+CPU-seconds) on an H100's host and a wide bf16 run wrote little meanwhile (issue 37). Only then: later the run's threads
+are mid-request and mid-row, and a fork copies whatever locks they hold, so a process in place of one that died is
+started as a program. Neither is ``multiprocessing``'s spawn, which imports the parent's main module again: a
 script that runs an extraction without an ``if __name__ == "__main__"`` guard would start another run in every child.
 
 FD is this process's end of a socket pair. The first message is the output format and the output directory; then
-each message is a :class:`~hsextract.extract.packing.PackJob`, answered ``("packed", Packed)`` (the sample file
-written; the row's thread syncs it) or ``("error", exception)``, until None or the pipe's end. Then it exits at once,
-without the interpreter's teardown (0.6 s with torch loaded on the CI machine; four processes ended one after another
-took a run's last 2.6 s on an H100's host): each sample file is closed before its answer is sent, so nothing it holds
-needs that teardown.
+each message is a :class:`~hsextract.extract.packing.PackJob` (the next may come before the last is answered), answered
+in order ``("packed", Packed)`` (the sample file written; the row's thread syncs it) or ``("error", exception)``, until
+None or the pipe's end. Then it exits at once, without the interpreter's teardown (0.6 s with torch loaded on the CI
+machine; four processes ended one after another took a run's last 2.6 s on an H100's host): each sample file is closed
+before its answer is sent, so nothing it holds needs that teardown.
 """
 
 from __future__ import annotations
