@@ -63,7 +63,6 @@ CLOSE_TIMEOUT_S = 60.0
 JOBS_PER_PROCESS = 2
 
 
-
 class _Forked:
     """A forked child, waited for as a ``subprocess.Popen`` is (the part of its interface ``_Process`` uses)."""
 
