@@ -34,8 +34,8 @@ Then, in one run:
     fsync a no-op (``hsextract.api.syncs_off``), interleaved: the rate ratio per pair and its median
     (target >= 0.97), and the workers' share of time waiting for their samples' fsyncs.
 
-Each extraction phase also gives when every pack process was up (``pack_processes_up_after_s``: the forks that stand
-in while the started ones import torch, 1.5-2.5 s into a phase on one H100's host, are up at once), when its last
+Each extraction phase also gives when every pack process was up (``pack_processes_up_after_s``: forks, up at once;
+until session 31 programs that imported torch, 1.5-2.5 s into a phase on one H100's host), when its last
 row was written (``last_row_after_s``) and what the run did after it (``finish_s``: stopping the pack processes, the
 format's index, data_config), its tokens a second from every process up to the last row
 (``tokens_per_s_once_processes_up``: past the start and before the finish, fixed costs a phase of seconds mostly is,
