@@ -124,9 +124,17 @@ def _leave_the_parent(fd: int) -> None:
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - this process's stdout until os._exit
     sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)  # noqa: SIM115 - likewise
     loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger))]
-    for handler in (h for lg in loggers for h in lg.handlers if isinstance(h, logging.StreamHandler)):
-        if id(handler.stream) in old:  # assigned, not setStream: that flushes the old stream, under its lock
-            handler.stream = getattr(sys, old[id(handler.stream)])
+    # handlers to stdout and stderr go on, to the new objects; any other (a caller's log file, socket, queue) wrote to
+    # an fd closed above, whose number the next sample file opened here takes, and its records would go into that file:
+    # dropped, and warnings reach stderr through logging's last resort
+    for logger in loggers:
+        kept: list[logging.Handler] = []
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and id(handler.stream) in old:
+                # assigned, not setStream: that flushes the old stream, under its lock
+                handler.stream = getattr(sys, old[id(handler.stream)])
+                kept.append(handler)
+        logger.handlers = kept  # assigned: removeHandler takes the module's lock
     _faulthandler_to_stderr()
 
 

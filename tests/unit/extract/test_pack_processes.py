@@ -349,3 +349,29 @@ packer.close()
     assert done.returncode == 0, done.stderr
     assert "serve" in done.stderr and "pack_worker.py" in done.stderr  # the child's stack, on its stderr
     assert (tmp_path / "trace.txt").read_text() == ""  # nothing into the run's file, or a file with its number
+
+
+def test_a_forked_process_drops_the_runs_log_file_whose_fd_a_sample_file_takes(tmp_path: Path) -> None:
+    """A caller's log file (a FileHandler) had its fd closed in the child, and the next file the child opened, a sample
+    file, took that number: a warning logged while it packed went into the sample file."""
+    script = f"""
+import logging, os, socket, sys
+logging.getLogger().addHandler(logging.FileHandler({str(tmp_path / "run.log")!r}))  # the lowest free fd: 3
+from hsextract.extract.pack_worker import _leave_the_parent
+here, there = socket.socketpair()
+pid = os.fork()
+if pid == 0:
+    _leave_the_parent(there.fileno())
+    with open({str(tmp_path / "sample")!r}, "w") as sample:  # fd 3 again: closed above
+        logging.getLogger("hsextract.test").warning("a warning while packing")
+        sample.write("the sample")
+    sys.stderr.flush()
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "sample").read_text() == "the sample"
+    assert "a warning while packing" in done.stderr  # logging's last resort, in the child
+    assert (tmp_path / "run.log").read_text() == ""
