@@ -215,15 +215,10 @@ class PackProcesses:
         self._on_up = on_up
         self._lock = threading.Lock()
         self._up = 0  # ready, and not stopped or ended since
-        self._live: dict[_Process, None] = {}  # up, in the order they came up; a process leaves when it stops or ends
+        self._live: set[_Process] = set()  # up; a process leaves when it stops or ends
         forked = self._fork_all()
         self._starter = threading.Thread(target=self._start_all, args=(forked,), name="hsextract-pack-start", daemon=True)
         self._starter.start()
-
-    @property
-    def processes(self) -> int:
-        """How many the run asked for."""
-        return self._count
 
     @property
     def jobs(self) -> int:
@@ -290,7 +285,7 @@ class PackProcesses:
         with self._lock:
             process.lent -= 1
             first = process in self._live
-            self._live.pop(process, None)
+            self._live.discard(process)
         if first:
             self._count_up(-1)
         return first
@@ -301,13 +296,12 @@ class PackProcesses:
             up = self._up
         self._on_up(up)
 
-    def _replace(self) -> bool:
+    def _replace(self) -> None:
         """A new process in place of one that died, started as a program on the calling thread (a fork now would copy
-        the locks the run's threads hold); if it cannot start, one fewer (False)."""
+        the locks the run's threads hold); if it cannot start, one fewer."""
         ended = self._bring_up(_Process(self._fmt, self._output))
         if ended is not None:
             log.error("%s before it was ready: packing goes on with one process fewer", ended)
-        return ended is None
 
     def _bring_up(self, process: _Process) -> str | None:
         """``process`` lent out once it is ready; how it ended (:meth:`_Process.ended`) if it died first."""
@@ -316,7 +310,7 @@ class PackProcesses:
         except (EOFError, OSError):
             return process.ended()
         with self._lock:
-            self._live[process] = None
+            self._live.add(process)
         self._count_up(1)
         for _ in range(JOBS_PER_PROCESS):
             self._slots.put(process)
